@@ -1,0 +1,38 @@
+# delayd — every target works from a fresh clone: the virtualenv is created and filled on demand.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: install run test lint format bench torture clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+run: install
+	$(PY) -m broker serve
+
+test: install
+	$(PY) -m pytest -q
+
+lint: install
+	$(PY) -m ruff check broker storage client tests bench
+	$(PY) -m mypy storage broker
+
+format: install
+	$(PY) -m ruff format broker storage client tests bench
+	$(PY) -m ruff check --fix broker storage client tests bench
+
+bench: install
+	$(PY) bench/storage_bench.py
+
+torture: install
+	DELAYD_TORTURE_CYCLES=500 $(PY) -m pytest -q -m torture tests/robustness
+
+clean:
+	rm -rf $(VENV) delayd-data .pytest_cache .mypy_cache .ruff_cache

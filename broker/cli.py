@@ -1,0 +1,163 @@
+"""The `delayd` command: `serve` runs the daemon; `check` and `dump` inspect a data directory;
+the client commands (send, cancel, get, consume, stats, schedule) talk to a running daemon."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ipaddress
+import logging
+import signal
+import ssl
+import sys
+import time
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from broker import config as config_mod
+from broker.clock import Clock
+from broker.config import Config, ConfigError
+
+log = logging.getLogger("delayd")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+async def serve(cfg: Config, clock: Clock | None = None) -> int:
+    """Run until SIGTERM/SIGINT. Resources start in order and stop in reverse."""
+    from broker.http import make_app
+    from broker.metrics import Metrics
+    from broker.service import Broker
+
+    t0 = time.monotonic()
+    broker = Broker(cfg, clock)
+    metrics = Metrics(broker)
+    app = make_app(broker, cfg, metrics)
+
+    async def broker_ctx(_app: web.Application) -> AsyncIterator[None]:
+        # Start recovery in the background: /healthz answers and /readyz says 503 meanwhile.
+        starting = asyncio.create_task(broker.start())
+        app["starting"] = starting
+        yield
+        if not starting.done():
+            starting.cancel()
+        await asyncio.gather(starting, return_exceptions=True)
+        summary = await broker.stop()
+        if summary:
+            log.info("shutdown ◆ %d produced ◆ %d delivered ◆ %d cancelled ◆ %d scheduled ◆ up %.1fs",
+                     summary["produced"], summary["delivered"], summary["cancelled"], summary["scheduled"],
+                     time.monotonic() - t0)
+
+    app.cleanup_ctx.append(broker_ctx)
+    host, port = cfg.host_port
+    ssl_ctx = None
+    if cfg.tls_cert and cfg.tls_key:
+        ssl_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ssl_ctx.load_cert_chain(cfg.tls_cert, cfg.tls_key)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, ssl_context=ssl_ctx, backlog=1024)
+    await site.start()
+    log.info("delayd listening on %s://%s:%d, data in %s, fsync %s", "https" if ssl_ctx else "http",
+             host, port, cfg.data_dir, cfg.fsync)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    code = 0
+    while not stop.is_set():
+        try:
+            await asyncio.wait_for(stop.wait(), 0.5)
+        except TimeoutError:
+            pass
+        starting = app.get("starting")
+        failed = broker.failure()
+        if starting is not None and starting.done() and not starting.cancelled() and starting.exception():
+            failed = starting.exception()
+        if failed is not None:
+            log.error("fatal: %s: %s", type(failed).__name__, failed)
+            code = 1
+            break
+    await runner.cleanup()
+    return code
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    flags = {"data_dir": args.data_dir, "listen": args.listen, "fsync": args.fsync, "node_id": args.node_id,
+             "insecure": True if args.insecure else None}
+    try:
+        cfg = config_mod.load(args.config, flags=flags)
+    except ConfigError as e:
+        print(f"delayd: {e}", file=sys.stderr)
+        return 2
+    host, _ = cfg.host_port
+    if not _is_loopback(host) and not cfg.tokens and not cfg.insecure:
+        print(f"delayd: refusing to listen on non-loopback {host} without auth tokens "
+              "(configure [[auth.tokens]] or pass --insecure)", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        import uvloop
+        runner = uvloop.run
+    except ImportError:  # pragma: no cover - uvloop is a dependency; keep running without it
+        runner = asyncio.run
+    try:
+        return int(runner(serve(cfg)))
+    except OSError as e:
+        log.error("cannot start: %s", e)
+        return 1
+
+
+def _run_check(args: argparse.Namespace) -> int:
+    from storage import inspect
+    report = inspect.check(args.data_dir)
+    print(report.text())
+    return 1 if report.problems else 0
+
+
+def _run_dump(args: argparse.Namespace) -> int:
+    from storage import inspect
+    for line in inspect.dump(args.data_dir, args.what, **({"limit": args.limit} if args.limit else {})):
+        print(line)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="delayd", description="delayd: a durable delay-message broker")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="run the daemon in the foreground")
+    s.add_argument("--data-dir", default=None, help="data directory (default ./delayd-data)")
+    s.add_argument("--listen", default=None, help="HOST:PORT (default 127.0.0.1:7070)")
+    s.add_argument("--fsync", choices=config_mod.FSYNC_POLICIES, default=None, help="default always")
+    s.add_argument("--config", default=None, help="TOML configuration file")
+    s.add_argument("--node-id", default=None, help="prefix of message ids (one per shard)")
+    s.add_argument("--insecure", action="store_true", help="allow a non-loopback listen without tokens")
+    s.set_defaults(func=_run_serve)
+    c = sub.add_parser("check", help="verify every CRC and chain of a (stopped or live) data directory")
+    c.add_argument("data_dir")
+    c.set_defaults(func=_run_check)
+    d = sub.add_parser("dump", help="print a structure of a data directory in readable form")
+    d.add_argument("data_dir")
+    d.add_argument("what", choices=["commitlog", "timerlog", "wheel", "checkpoint", "ready"])
+    d.add_argument("--limit", type=int, default=None)
+    d.set_defaults(func=_run_dump)
+    try:
+        from client import cli as client_cli
+        client_cli.register(sub)
+    except ImportError:
+        pass
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))

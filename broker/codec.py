@@ -1,0 +1,234 @@
+"""Request decoding, validation and response encoding for API v1 (JSON and msgpack).
+
+Every way a request can be wrong ends here as an ApiError with a code; nothing malformed
+reaches the broker.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import re
+from typing import Any
+
+import msgpack
+
+from broker import errors
+from broker.config import Config
+from storage.commitlog import Record
+from storage.store import NewMessage
+
+JSON = "application/json"
+MSGPACK = "application/msgpack"
+NAME_RE = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9._\-]{0,127}")
+MESSAGE_FIELDS = {"body", "body_b64", "delay_ms", "deliver_at", "key", "tag", "headers", "replace"}
+MAX_HEADERS = 64
+MAX_HEADER_BYTES = 8 * 1024
+MAX_KEY_BYTES = 256
+MAX_TAG_CHARS = 128
+MAX_DEPTH_HINT = 32
+
+
+def media_type(content_type: str | None) -> str | None:
+    if not content_type:
+        return None
+    return content_type.split(";", 1)[0].strip().lower()
+
+
+def request_format(content_type: str | None, has_body: bool) -> str:
+    mt = media_type(content_type)
+    if mt in (JSON, MSGPACK):
+        return mt
+    if mt is None and not has_body:
+        return JSON
+    raise errors.UnsupportedMediaType(f"Content-Type must be {JSON} or {MSGPACK}, not {content_type!r}")
+
+
+def response_format(method: str, content_type: str | None, accept: str | None) -> str:
+    if method in ("GET", "HEAD", "DELETE"):
+        return MSGPACK if accept and MSGPACK in accept else JSON
+    mt = media_type(content_type)
+    if mt == MSGPACK:
+        return MSGPACK
+    if mt is None and accept and MSGPACK in accept:
+        return MSGPACK
+    return JSON
+
+
+def decode(raw: bytes, fmt: str) -> Any:
+    if not raw:
+        return {}
+    try:
+        if fmt == MSGPACK:
+            return msgpack.unpackb(raw, raw=False, strict_map_key=True, max_bin_len=len(raw),
+                                   max_str_len=len(raw), max_array_len=100_000, max_map_len=100_000)
+        return json.loads(raw)
+    except RecursionError as e:
+        raise errors.InvalidJson("body is nested too deeply") from e
+    except (ValueError, TypeError, msgpack.UnpackException, msgpack.ExtraData) as e:
+        raise errors.InvalidJson(f"body is not valid {fmt.split('/')[1]}: {e}") from e
+
+
+def encode(obj: Any, fmt: str) -> bytes:
+    if fmt == MSGPACK:
+        return msgpack.packb(obj, use_bin_type=True)
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def check_name(value: str, what: str) -> str:
+    if not isinstance(value, str) or not NAME_RE.fullmatch(value):
+        raise errors.InvalidName(f"{what} must be 1-128 characters of [A-Za-z0-9._-], not starting with '.'")
+    return value
+
+
+def _int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def obj(body: Any) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise errors.BadRequest("the body must be an object")
+    return body
+
+
+def int_field(body: dict[str, Any], name: str, default: int | None, lo: int, hi: int) -> int | None:
+    v = body.get(name, default)
+    if v is None:
+        return None
+    if not _int(v) or not lo <= v <= hi:
+        raise errors.InvalidParameter(f"{name} must be an integer in [{lo}, {hi}]")
+    return int(v)
+
+
+def str_list(body: dict[str, Any], name: str, *, required: bool, max_items: int = 10_000) -> list[str] | None:
+    v = body.get(name)
+    if v is None:
+        if required:
+            raise errors.InvalidParameter(f"{name} is required")
+        return None
+    if not isinstance(v, list) or len(v) > max_items or not all(isinstance(x, str) for x in v):
+        raise errors.InvalidParameter(f"{name} must be a list of at most {max_items} strings")
+    return v
+
+
+# -- produce ----------------------------------------------------------------------------------
+class Produce:
+    """A validated produce request: messages plus their per-message options."""
+
+    def __init__(self, messages: list[NewMessage], keys: list[str | None], replace: list[bool]) -> None:
+        self.messages = messages
+        self.keys = keys
+        self.replace = replace
+
+
+def parse_produce(topic: str, body: Any, cfg: Config, now_ms: int) -> Produce:
+    body = obj(body)
+    if "messages" in body:
+        if set(body) - {"messages"}:
+            raise errors.InvalidMessage("a batch has only the field 'messages'")
+        items = body["messages"]
+        if not isinstance(items, list) or not 1 <= len(items) <= cfg.max_batch:
+            raise errors.InvalidMessage(f"messages must be a list of 1-{cfg.max_batch} message objects")
+    else:
+        items = [body]
+    msgs, keys, repl = [], [], []
+    for i, item in enumerate(items):
+        m, r = parse_message(topic, item, i, cfg, now_ms)
+        msgs.append(m)
+        keys.append(m.key)
+        repl.append(r)
+    return Produce(msgs, keys, repl)
+
+
+def parse_message(topic: str, m: Any, index: int, cfg: Config, now_ms: int) -> tuple[NewMessage, bool]:
+    def bad(msg: str, cls: type[errors.ApiError] = errors.InvalidMessage) -> errors.ApiError:
+        return cls(f"message {index}: {msg}", index=index)
+
+    if not isinstance(m, dict):
+        raise bad("must be an object")
+    extra = set(m) - MESSAGE_FIELDS
+    if extra:
+        raise bad(f"unknown fields {sorted(map(str, extra))}")
+    if ("body" in m) == ("body_b64" in m):
+        raise bad("exactly one of body / body_b64 is required")
+    if "body" in m:
+        b = m["body"]
+        if isinstance(b, str):
+            body = b.encode("utf-8", "surrogatepass") if _has_surrogates(b) else b.encode()
+        elif isinstance(b, bytes):
+            body = b
+        else:
+            raise bad("body must be a string (JSON) or bytes (msgpack)")
+    else:
+        if not isinstance(m["body_b64"], str):
+            raise bad("body_b64 must be a base64 string")
+        try:
+            body = base64.b64decode(m["body_b64"], validate=True)
+        except (binascii.Error, ValueError) as e:
+            raise bad("body_b64 is not valid base64") from e
+    if len(body) > cfg.max_body_bytes:
+        raise bad(f"body is {len(body)} bytes, the limit is {cfg.max_body_bytes}", errors.TooLarge)
+    if "delay_ms" in m and "deliver_at" in m:
+        raise bad("give at most one of delay_ms / deliver_at")
+    if "delay_ms" in m:
+        d = m["delay_ms"]
+        if not _int(d) or d < 0:
+            raise bad("delay_ms must be an integer >= 0")
+        if d > cfg.max_delay_ms:
+            raise bad(f"delay_ms exceeds the maximum horizon of {cfg.max_delay_ms} ms", errors.DelayTooLong)
+        deliver_at = now_ms + d
+    elif "deliver_at" in m:
+        deliver_at = m["deliver_at"]
+        if not _int(deliver_at) or deliver_at < 0:
+            raise bad("deliver_at must be an integer epoch-ms time >= 0")
+        if deliver_at > now_ms + cfg.max_delay_ms:
+            raise bad(f"deliver_at is beyond the maximum horizon of {cfg.max_delay_ms} ms", errors.DelayTooLong)
+    else:
+        deliver_at = now_ms
+    key = m.get("key")
+    if key is not None and (not isinstance(key, str) or not 1 <= len(key.encode(errors="surrogatepass"))
+                            <= MAX_KEY_BYTES or _has_surrogates(key)):
+        raise bad(f"key must be a string of 1-{MAX_KEY_BYTES} UTF-8 bytes")
+    tag = m.get("tag")
+    if tag is not None and (not isinstance(tag, str) or len(tag) > MAX_TAG_CHARS or _has_surrogates(tag)):
+        raise bad(f"tag must be a string of at most {MAX_TAG_CHARS} characters")
+    headers = m.get("headers")
+    if headers is not None:
+        if not isinstance(headers, dict) or len(headers) > MAX_HEADERS:
+            raise bad(f"headers must be a map of at most {MAX_HEADERS} string entries")
+        size = 0
+        for k, v in headers.items():
+            if not isinstance(k, str) or not isinstance(v, str) or _has_surrogates(k) or _has_surrogates(v):
+                raise bad("headers keys and values must be strings")
+            size += len(k.encode()) + len(v.encode())
+        if size > MAX_HEADER_BYTES:
+            raise bad(f"headers exceed {MAX_HEADER_BYTES} bytes together")
+        headers = headers or None
+    replace = m.get("replace", False)
+    if not isinstance(replace, bool):
+        raise bad("replace must be a boolean")
+    return NewMessage(topic, body, deliver_at, tag or None, key, headers), replace
+
+
+def _has_surrogates(s: str) -> bool:
+    try:
+        s.encode()
+        return False
+    except UnicodeEncodeError:
+        return True
+
+
+# -- responses --------------------------------------------------------------------------------
+def body_fields(body: bytes, fmt: str) -> dict[str, Any]:
+    if fmt == MSGPACK:
+        return {"body": body}
+    try:
+        return {"body": body.decode()}
+    except UnicodeDecodeError:
+        return {"body_b64": base64.b64encode(body).decode()}
+
+
+def message_view(message_id: str, rec: Record, fmt: str) -> dict[str, Any]:
+    return {"id": message_id, "topic": rec.topic, "key": rec.key, "tag": rec.tag, "headers": rec.headers or {},
+            **body_fields(rec.body, fmt), "deliver_at": rec.deliver_at, "produced_at": rec.produced_at}

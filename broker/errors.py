@@ -1,0 +1,56 @@
+"""Every error the API can answer, in one place, with its HTTP status.
+
+The HTTP layer turns an ApiError into `{"error": {"code", "message"[, "index"]}}` with
+`status`; storage errors are mapped here too, so no handler needs its own try/except.
+"""
+
+from __future__ import annotations
+
+from storage.errors import DiskFull, StorageError
+
+
+class ApiError(Exception):
+    status = 400
+    code = "bad_request"
+
+    def __init__(self, message: str, *, index: int | None = None, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.index = index
+        self.retry_after_s = retry_after_s
+
+    def body(self) -> dict[str, object]:
+        err: dict[str, object] = {"code": self.code, "message": self.message}
+        if self.index is not None:
+            err["index"] = self.index
+        return {"error": err}
+
+
+def _error(name: str, status: int, code: str, doc: str) -> type[ApiError]:
+    return type(name, (ApiError,), {"status": status, "code": code, "__doc__": doc})
+
+
+BadRequest = _error("BadRequest", 400, "bad_request", "The request is malformed.")
+InvalidJson = _error("InvalidJson", 400, "invalid_body", "The body does not decode as JSON or msgpack.")
+InvalidName = _error("InvalidName", 400, "invalid_name", "A topic or group name breaks the naming rule.")
+InvalidMessage = _error("InvalidMessage", 400, "invalid_message", "A message object is invalid.")
+InvalidParameter = _error("InvalidParameter", 400, "invalid_parameter", "A request field is out of range.")
+DelayTooLong = _error("DelayTooLong", 400, "delay_too_long", "The due time is beyond the maximum horizon.")
+Unauthorized = _error("Unauthorized", 401, "unauthorized", "Missing or wrong bearer token.")
+Forbidden = _error("Forbidden", 403, "forbidden", "The token may not do this on this topic.")
+NotFound = _error("NotFound", 404, "not_found", "No such message or resource.")
+MethodNotAllowed = _error("MethodNotAllowed", 405, "method_not_allowed", "The path does not take this method.")
+AlreadyDelivered = _error("AlreadyDelivered", 409, "already_delivered", "The message was (or is being) delivered.")
+TooLarge = _error("TooLarge", 413, "too_large", "The body or a message exceeds a configured limit.")
+UnsupportedMediaType = _error("UnsupportedMediaType", 415, "unsupported_media_type",
+                              "Content-Type must be application/json or application/msgpack.")
+Backpressure = _error("Backpressure", 429, "backpressure", "The broker is saturated; retry after a pause.")
+NotReady = _error("NotReady", 503, "not_ready", "Recovery is still running.")
+DiskFullError = _error("DiskFullError", 507, "disk_full", "The disk is full; nothing was stored.")
+Internal = _error("Internal", 500, "internal", "An unexpected failure inside the broker.")
+
+
+def from_storage(e: StorageError) -> ApiError:
+    if isinstance(e, DiskFull):
+        return DiskFullError(f"disk full: {e}")
+    return Internal(f"storage failure: {type(e).__name__}: {e}")

@@ -1,0 +1,371 @@
+"""Consumer groups: lease-based pull over a topic's ready queue.
+
+Each group keeps, over the topic's ready-queue indexes:
+
+    floor    every index below is acked (or dead-lettered)
+    cursor   every index below was handed out at least once
+    done     acked/dead indexes in [floor, cursor)
+    leases   index -> Lease (receipt token, deadline, attempt) for messages out with consumers
+    retry    heap of (available_at_ms, index): nacked or lease-expired, waiting for redelivery
+
+Durable state is what a restart must keep: floor, done and dead letters (plus settings).
+Every change of it is appended to the commit log as a GROUP record (so it rides the same
+group commit as produce) and snapshotted in the checkpoint; recovery replays the records
+after the checkpoint. Leases and attempt counts are not durable: after a restart every
+unacked message is redelivered, from attempt 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from storage.readyqueue import ReadyUnit, tag_hash
+from storage.store import Store
+
+BACKOFF_BASE_MS = 1000
+BACKOFF_MAX_MS = 600_000
+
+
+def backoff_ms(attempt: int) -> int:
+    return min(BACKOFF_MAX_MS, BACKOFF_BASE_MS * 2 ** max(0, attempt - 1))
+
+
+@dataclass(slots=True)
+class Lease:
+    token: str
+    deadline_ms: int
+    attempt: int
+
+
+@dataclass(slots=True)
+class Dead:
+    seq: int
+    attempt: int
+    reason: str
+
+
+@dataclass
+class Group:
+    topic: str
+    name: str
+    max_attempts: int
+    floor: int
+    cursor: int
+    done: set[int] = field(default_factory=set)
+    leases: dict[int, Lease] = field(default_factory=dict)
+    retry: list[tuple[int, int]] = field(default_factory=list)
+    attempts: dict[int, int] = field(default_factory=dict)
+    dead: dict[int, Dead] = field(default_factory=dict)
+    revived: set[int] = field(default_factory=set)  # redriven indexes below the floor
+    acked_total: int = 0
+    nacked_total: int = 0
+    dead_total: int = 0
+
+    @property
+    def key(self) -> str:
+        return f"{self.topic}/{self.name}"
+
+    def settings(self) -> dict[str, Any]:
+        return {"topic": self.topic, "group": self.name, "max_attempts": self.max_attempts,
+                "floor": self.floor, "cursor": self.cursor}
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"max_attempts": self.max_attempts, "floor": self.floor, "done": sorted(self.done),
+                "dead": {i: [d.seq, d.attempt, d.reason] for i, d in self.dead.items()},
+                "revived": sorted(self.revived)}
+
+    def live(self, index: int) -> bool:
+        """Not yet acked or dead-lettered."""
+        if index < self.floor:
+            return index in self.revived
+        return index not in self.done and index not in self.dead
+
+    def revive(self, index: int) -> None:
+        self.dead.pop(index, None)
+        self.attempts.pop(index, None)
+        if index < self.floor:
+            self.revived.add(index)
+        else:
+            self.done.discard(index)
+
+    def mark_done(self, index: int) -> None:
+        if index < self.floor:
+            self.revived.discard(index)
+            return
+        self.done.add(index)
+        while self.floor in self.done:
+            self.done.discard(self.floor)
+            self.floor += 1
+        self.cursor = max(self.cursor, self.floor)
+        self.attempts.pop(index, None)
+
+
+@dataclass(slots=True)
+class Delivery:
+    unit: ReadyUnit
+    receipt: str
+    attempt: int
+
+
+class Groups:
+    """All consumer groups of the broker."""
+
+    def __init__(self, store: Store, now_ms: Callable[[], int], log_event: Callable[[str, str, dict], None],
+                 default_max_attempts: int) -> None:
+        self.store = store
+        self.now_ms = now_ms
+        self.log_event = log_event  # appends a GROUP record (durable with the next group commit)
+        self.default_max_attempts = default_max_attempts
+        self.groups: dict[str, Group] = {}
+        self.changed: dict[str, asyncio.Event] = {}  # topic -> set when messages became available
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def restore(self, snapshot: dict[str, Any], events: list[tuple[str, str, dict]]) -> None:
+        for key, s in snapshot.items():
+            topic, _, name = key.partition("/")
+            g = Group(topic, name, s["max_attempts"], s["floor"], s["floor"], set(s["done"]))
+            g.dead = {int(i): Dead(*d) for i, d in s.get("dead", {}).items()}
+            g.revived = set(s.get("revived", ()))
+            self.groups[key] = g
+        for topic, name, ev in events:
+            self.apply(topic, name, ev)
+        for g in self.groups.values():
+            g.cursor = g.floor  # everything unacked is redelivered after a restart
+            g.retry = [(0, i) for i in sorted(g.revived)]
+
+    def apply(self, topic: str, name: str, ev: dict[str, Any]) -> None:
+        """Replay one logged event (recovery)."""
+        op = ev.get("op")
+        key = f"{topic}/{name}"
+        g = self.groups.get(key)
+        if op == "create":
+            if g is None:
+                self.groups[key] = Group(topic, name, ev["max_attempts"], ev["start"], ev["start"])
+            else:
+                g.max_attempts = ev["max_attempts"]
+            return
+        if g is None:
+            return
+        if op == "ack":
+            for i in ev["idx"]:
+                g.mark_done(i)
+                g.dead.pop(i, None)
+        elif op == "dead":
+            for i, seq, attempt, reason in ev["items"]:
+                g.dead[i] = Dead(seq, attempt, reason)
+                g.mark_done(i)
+        elif op == "redrive":
+            for i in ev["idx"]:
+                if i in g.dead:
+                    g.revive(i)
+
+    def snapshot(self) -> dict[str, Any]:
+        return {k: g.snapshot() for k, g in self.groups.items()}
+
+    # -- groups ---------------------------------------------------------------------------------
+    def get_or_create(self, topic: str, name: str, start: str = "earliest",
+                      max_attempts: int | None = None) -> Group:
+        key = f"{topic}/{name}"
+        g = self.groups.get(key)
+        if g is None:
+            q = self.store.queue(topic)
+            first = q.start if start == "earliest" else q.end
+            g = Group(topic, name, max_attempts or self.default_max_attempts, first, first)
+            self.groups[key] = g
+            self.log_event(topic, name, {"op": "create", "start": first, "max_attempts": g.max_attempts})
+        elif max_attempts is not None and max_attempts != g.max_attempts:
+            g.max_attempts = max_attempts
+            self.log_event(topic, name, {"op": "create", "start": g.floor, "max_attempts": max_attempts})
+        return g
+
+    def event(self, topic: str) -> asyncio.Event:
+        ev = self.changed.get(topic)
+        if ev is None:
+            ev = self.changed[topic] = asyncio.Event()
+        return ev
+
+    def notify(self, topic: str) -> None:
+        ev = self.changed.get(topic)
+        if ev is not None:
+            ev.set()
+
+    # -- pull -----------------------------------------------------------------------------------
+    def _expire(self, g: Group, now: int) -> None:
+        expired = [i for i, lease in g.leases.items() if lease.deadline_ms <= now]
+        for i in expired:
+            lease = g.leases.pop(i)
+            g.attempts[i] = lease.attempt
+            heapq.heappush(g.retry, (now, i))
+
+    def next_wakeup_ms(self, g: Group) -> int | None:
+        """When something becomes pullable without new messages (retry or lease expiry)."""
+        times = [t for t, _ in g.retry[:1]] + [lease.deadline_ms for lease in g.leases.values()]
+        return min(times) if times else None
+
+    def take(self, g: Group, max_n: int, lease_ms: int, tags: list[str] | None) -> list[Delivery]:
+        """Hand out up to `max_n` messages: redeliveries first, then new ones from the cursor.
+
+        With `tags`, messages whose tag is not listed are skipped for this group (RocketMQ's
+        subscription filter): they count as consumed by it and are not redelivered.
+        """
+        now = self.now_ms()
+        self._expire(g, now)
+        q = self.store.queue(g.topic)
+        wanted = {tag_hash(t) for t in tags} if tags else None
+        out: list[Delivery] = []
+        dead_items: list[list[Any]] = []
+        skipped: list[int] = []
+        while g.retry and g.retry[0][0] <= now and len(out) < max_n:
+            _, i = heapq.heappop(g.retry)
+            if not g.live(i) or i in g.leases:
+                continue
+            units = q.read(i, 1)
+            if not units:
+                continue
+            u = units[0]
+            attempt = g.attempts.get(i, 0) + 1
+            if attempt > g.max_attempts:
+                g.dead[i] = Dead(u.seq, attempt - 1, "max_attempts")
+                dead_items.append([i, u.seq, attempt - 1, "max_attempts"])
+                continue
+            out.append(self._lease(g, u, attempt, now, lease_ms))
+        while len(out) < max_n and g.cursor < q.end:
+            for u in q.read(g.cursor, min(1024, max_n - len(out)) if wanted is None else 1024):
+                g.cursor = u.index + 1
+                if u.index in g.done or u.index in g.leases:
+                    continue
+                if wanted is not None and u.tag_hash not in wanted:
+                    skipped.append(u.index)
+                    continue
+                out.append(self._lease(g, u, g.attempts.get(u.index, 0) + 1, now, lease_ms))
+                if len(out) >= max_n:
+                    break
+        if skipped:
+            for i in skipped:
+                g.mark_done(i)
+            self.log_event(g.topic, g.name, {"op": "ack", "idx": skipped})
+        if dead_items:
+            for i, *_ in dead_items:
+                g.mark_done(i)
+            g.dead_total += len(dead_items)
+            self.log_event(g.topic, g.name, {"op": "dead", "items": dead_items})
+        return out
+
+    def _lease(self, g: Group, u: ReadyUnit, attempt: int, now: int, lease_ms: int) -> Delivery:
+        token = secrets.token_hex(4)
+        g.leases[u.index] = Lease(token, now + lease_ms, attempt)
+        g.attempts[u.index] = attempt
+        return Delivery(u, f"{u.index:x}.{token}", attempt)
+
+    # -- settle ---------------------------------------------------------------------------------
+    @staticmethod
+    def parse_receipt(receipt: str) -> tuple[int, str] | None:
+        """Receipts are `<message id>.<index hex>.<token>`; the id part is for routing."""
+        parts = receipt.rsplit(".", 2)
+        if len(parts) != 3:
+            return None
+        try:
+            return int(parts[1], 16), parts[2]
+        except ValueError:
+            return None
+
+    def _leased(self, g: Group, receipt: str, now: int) -> int | None:
+        parsed = self.parse_receipt(receipt) if isinstance(receipt, str) else None
+        if parsed is None:
+            return None
+        i, token = parsed
+        lease = g.leases.get(i)
+        if lease is None or lease.token != token or lease.deadline_ms <= now:
+            return None
+        return i
+
+    def ack(self, g: Group, receipts: list[str]) -> tuple[int, list[str]]:
+        now = self.now_ms()
+        acked, stale = [], []
+        for r in receipts:
+            i = self._leased(g, r, now)
+            if i is None:
+                stale.append(r)
+                continue
+            del g.leases[i]
+            g.mark_done(i)
+            acked.append(i)
+        if acked:
+            g.acked_total += len(acked)
+            self.log_event(g.topic, g.name, {"op": "ack", "idx": acked})
+        return len(acked), stale
+
+    def nack(self, g: Group, receipts: list[str], delay_ms: int | None) -> tuple[int, list[str]]:
+        now = self.now_ms()
+        n, stale, dead_items = 0, [], []
+        for r in receipts:
+            i = self._leased(g, r, now)
+            if i is None:
+                stale.append(r)
+                continue
+            lease = g.leases.pop(i)
+            n += 1
+            if lease.attempt >= g.max_attempts:
+                seq = self.store.queue(g.topic).read(i, 1)[0].seq
+                g.dead[i] = Dead(seq, lease.attempt, "nacked")
+                dead_items.append([i, seq, lease.attempt, "nacked"])
+                g.mark_done(i)
+                continue
+            wait = backoff_ms(lease.attempt) if delay_ms is None else delay_ms
+            heapq.heappush(g.retry, (now + wait, i))
+        g.nacked_total += n
+        if dead_items:
+            g.dead_total += len(dead_items)
+            self.log_event(g.topic, g.name, {"op": "dead", "items": dead_items})
+        if n:
+            self.notify(g.topic)
+        return n, stale
+
+    def extend(self, g: Group, receipts: list[str], lease_ms: int) -> tuple[int, list[str]]:
+        now = self.now_ms()
+        n, stale = 0, []
+        for r in receipts:
+            i = self._leased(g, r, now)
+            if i is None:
+                stale.append(r)
+                continue
+            g.leases[i].deadline_ms = now + lease_ms
+            n += 1
+        return n, stale
+
+    def redrive(self, g: Group, seqs: set[int] | None) -> int:
+        idx = [i for i, d in g.dead.items() if seqs is None or d.seq in seqs]
+        now = self.now_ms()
+        for i in idx:
+            g.revive(i)
+            heapq.heappush(g.retry, (now, i))
+        if idx:
+            self.log_event(g.topic, g.name, {"op": "redrive", "idx": idx})
+            self.notify(g.topic)
+        return len(idx)
+
+    # -- observe --------------------------------------------------------------------------------
+    def stats(self, g: Group) -> dict[str, int]:
+        q = self.store.queue(g.topic)
+        now = self.now_ms()
+        waiting = sum(1 for _t, i in g.retry if g.live(i))
+        expired = sum(1 for lease in g.leases.values() if lease.deadline_ms <= now)
+        inflight = len(g.leases) - expired
+        return {"backlog": max(0, q.end - g.cursor) + waiting + expired, "inflight": inflight,
+                "dead": len(g.dead)}
+
+
+def encode_event(ev: dict[str, Any]) -> bytes:
+    return msgpack.packb(ev)
+
+
+def decode_event(body: bytes) -> dict[str, Any]:
+    ev = msgpack.unpackb(body, strict_map_key=False)
+    return ev if isinstance(ev, dict) else {}

@@ -1,0 +1,311 @@
+"""The HTTP API v1 (see shared/API.md) on aiohttp.
+
+Handlers decode and validate (broker.codec), call the Broker, and encode in the request's
+format. Two middlewares do the rest: one maps every error to the API's error body with its
+status (no bad input ever becomes a 5xx), one checks bearer tokens when they are configured.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hmac
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from broker import codec, errors
+from broker.config import Config, Token
+from broker.openapi import spec
+from broker.service import Broker
+
+log = logging.getLogger("delayd.http")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+BROKER = web.AppKey("broker", Broker)
+CONFIG = web.AppKey("config", Config)
+METRICS = web.AppKey("metrics", object)
+
+
+def reply(request: web.Request, obj: Any, status: int = 200) -> web.Response:
+    fmt = codec.response_format(request.method, request.headers.get("Content-Type"),
+                                request.headers.get("Accept"))
+    return web.Response(body=codec.encode(obj, fmt), status=status, content_type=fmt)
+
+
+def fmt_of(request: web.Request) -> str:
+    return codec.response_format(request.method, request.headers.get("Content-Type"), request.headers.get("Accept"))
+
+
+async def read_body(request: web.Request) -> Any:
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge as e:
+        raise errors.TooLarge(f"request body exceeds {request.app[CONFIG].max_request_bytes} bytes") from e
+    fmt = codec.request_format(request.headers.get("Content-Type"), bool(raw))
+    return codec.decode(raw, fmt)
+
+
+# -- middlewares ------------------------------------------------------------------------------
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except errors.ApiError as e:
+        resp = reply(request, e.body(), e.status)
+        if e.retry_after_s is not None:
+            resp.headers["Retry-After"] = str(max(1, int(e.retry_after_s)))
+        return resp
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        code = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}.get(e.status, "bad_request")
+        status = e.status if e.status < 500 else 400
+        resp = reply(request, {"error": {"code": code, "message": e.reason}}, status)
+        if isinstance(e, web.HTTPMethodNotAllowed):
+            resp.headers["Allow"] = ",".join(sorted(e.allowed_methods))
+        return resp
+    except Exception:
+        log.exception("unexpected failure serving %s %s", request.method, request.path)
+        err = errors.Internal("unexpected failure; the request may be retried")
+        return reply(request, err.body(), 500)
+
+
+def _auth_middleware(tokens: tuple[Token, ...]) -> Callable[..., Awaitable[web.StreamResponse]]:
+    @web.middleware
+    async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+        path = request.path
+        if path in ("/healthz", "/readyz", "/openapi.json"):
+            return await handler(request)
+        header = request.headers.get("Authorization", "")
+        given = header[7:].strip() if header[:7].lower() == "bearer " else ""
+        match = None
+        for t in tokens:
+            # Compare against every token so timing does not tell which prefix matched.
+            if hmac.compare_digest(t.token.encode(), given.encode()) and given:
+                match = t
+        if match is None:
+            raise errors.Unauthorized("a valid bearer token is required")
+        request["token"] = match
+        return await handler(request)
+    return auth
+
+
+def authorize(request: web.Request, right: str, topic: str | None = None) -> None:
+    token: Token | None = request.get("token")
+    if token is None:
+        return
+    if "admin" in token.rights and topic is None:
+        return
+    if right not in token.rights and "admin" not in token.rights:
+        raise errors.Forbidden(f"this token lacks the {right!r} right")
+    if topic is not None and not any(fnmatch.fnmatchcase(topic, p) for p in token.topics):
+        raise errors.Forbidden(f"this token may not use topic {topic!r}")
+
+
+def topic_of(request: web.Request) -> str:
+    return codec.check_name(request.match_info["topic"], "topic")
+
+
+def group_of(request: web.Request) -> str:
+    return codec.check_name(request.match_info["group"], "group")
+
+
+# -- produce / cancel / inspect ---------------------------------------------------------------
+async def produce(request: web.Request) -> web.Response:
+    topic = topic_of(request)
+    authorize(request, "produce", topic)
+    broker = request.app[BROKER]
+    req = codec.parse_produce(topic, await read_body(request), request.app[CONFIG], broker.clock.now_ms())
+    results = await broker.produce(req.messages)
+    return reply(request, {"messages": [{"id": r.id, "deliver_at": r.deliver_at, "duplicate": r.duplicate}
+                                        for r in results]})
+
+
+async def cancel(request: web.Request) -> web.Response:
+    broker = request.app[BROKER]
+    message_id = request.match_info["id"]
+    rec, _state = broker.get(message_id)
+    authorize(request, "produce", rec.topic)
+    return reply(request, await broker.cancel(message_id))
+
+
+async def get_message(request: web.Request) -> web.Response:
+    broker = request.app[BROKER]
+    message_id = request.match_info["id"]
+    rec, state = broker.get(message_id)
+    token = request.get("token")
+    if token is not None and "produce" not in token.rights:
+        authorize(request, "consume", rec.topic)
+    else:
+        authorize(request, "produce", rec.topic)
+    return reply(request, {**codec.message_view(message_id, rec, fmt_of(request)), "state": state})
+
+
+async def keys_not_yet(request: web.Request) -> web.Response:
+    topic = topic_of(request)
+    authorize(request, "produce", topic)
+    raise errors.NotFound(f"no pending message with key {request.match_info['key']!r} in {topic}")
+
+
+# -- consume ----------------------------------------------------------------------------------
+async def subscribe(request: web.Request) -> web.Response:
+    topic, name = topic_of(request), group_of(request)
+    authorize(request, "consume", topic)
+    body = codec.obj(await read_body(request))
+    start = body.get("start", "earliest")
+    if start not in ("earliest", "latest"):
+        raise errors.InvalidParameter("start must be 'earliest' or 'latest'")
+    max_attempts = codec.int_field(body, "max_attempts", None, 1, 1000)
+    g = request.app[BROKER].group(topic, name, start, max_attempts)
+    return reply(request, {"topic": topic, "group": name, "max_attempts": g.max_attempts})
+
+
+async def pull(request: web.Request) -> web.Response:
+    topic, name = topic_of(request), group_of(request)
+    authorize(request, "consume", topic)
+    body = codec.obj(await read_body(request))
+    max_n = codec.int_field(body, "max", 100, 1, 1000)
+    wait_ms = codec.int_field(body, "wait_ms", 0, 0, 30_000)
+    lease_ms = codec.int_field(body, "lease_ms", 30_000, 1000, 12 * 3_600_000)
+    tags = codec.str_list(body, "tags", required=False, max_items=1000)
+    broker = request.app[BROKER]
+    got = await broker.pull(topic, name, max_n or 100, wait_ms or 0, lease_ms or 30_000, tags)
+    fmt = fmt_of(request)
+    out = []
+    for d, rec in got:
+        mid = broker.message_id(d.unit.seq)
+        out.append({"id": mid, "receipt": f"{mid}.{d.receipt}", "topic": rec.topic, "key": rec.key,
+                    "tag": rec.tag, "headers": rec.headers or {}, **codec.body_fields(rec.body, fmt),
+                    "deliver_at": rec.deliver_at, "delivered_at": d.unit.released_at, "attempt": d.attempt})
+    return reply(request, {"messages": out})
+
+
+async def settle(request: web.Request) -> web.Response:
+    topic, name = topic_of(request), group_of(request)
+    authorize(request, "consume", topic)
+    op = request.match_info["op"]
+    body = codec.obj(await read_body(request))
+    receipts = codec.str_list(body, "receipts", required=True) or []
+    broker = request.app[BROKER]
+    if op == "ack":
+        n, stale = await broker.settle("ack", topic, name, receipts)
+        return reply(request, {"acked": n, "stale": stale})
+    if op == "nack":
+        delay = codec.int_field(body, "delay_ms", None, 0, 12 * 3_600_000)
+        n, stale = await broker.settle("nack", topic, name, receipts, delay_ms=delay)
+        return reply(request, {"nacked": n, "stale": stale})
+    lease = codec.int_field(body, "lease_ms", None, 1000, 12 * 3_600_000)
+    if lease is None:
+        raise errors.InvalidParameter("lease_ms is required")
+    n, stale = await broker.settle("extend", topic, name, receipts, lease_ms=lease)
+    return reply(request, {"extended": n, "stale": stale})
+
+
+async def dead(request: web.Request) -> web.Response:
+    topic, name = topic_of(request), group_of(request)
+    authorize(request, "consume", topic)
+    try:
+        limit = int(request.query.get("limit", "100"))
+    except ValueError:
+        raise errors.InvalidParameter("limit must be an integer") from None
+    if not 1 <= limit <= 1000:
+        raise errors.InvalidParameter("limit must be in [1, 1000]")
+    broker = request.app[BROKER]
+    fmt = fmt_of(request)
+    out = []
+    for _i, d, rec in broker.dead(topic, name, limit):
+        mid = broker.message_id(d.seq)
+        item: dict[str, Any] = {"id": mid, "attempt": d.attempt, "reason": d.reason}
+        if rec is not None:
+            item.update(codec.message_view(mid, rec, fmt))
+        out.append(item)
+    return reply(request, {"messages": out})
+
+
+async def redrive(request: web.Request) -> web.Response:
+    topic, name = topic_of(request), group_of(request)
+    authorize(request, "consume", topic)
+    body = codec.obj(await read_body(request))
+    ids = codec.str_list(body, "ids", required=False)
+    n = await request.app[BROKER].redrive(topic, name, ids)
+    return reply(request, {"redriven": n})
+
+
+# -- observe ----------------------------------------------------------------------------------
+async def stats(request: web.Request) -> web.Response:
+    authorize(request, "admin")
+    return reply(request, request.app[BROKER].stats())
+
+
+async def schedule(request: web.Request) -> web.Response:
+    authorize(request, "admin")
+    try:
+        start, end, step = (int(request.query[k]) for k in ("from", "to", "step_ms"))
+    except KeyError as e:
+        raise errors.InvalidParameter(f"query parameter {e.args[0]} is required") from None
+    except ValueError:
+        raise errors.InvalidParameter("from, to and step_ms must be integers (epoch ms / ms)") from None
+    if step <= 0 or end <= start:
+        raise errors.InvalidParameter("need step_ms > 0 and to > from")
+    if (end - start + step - 1) // step > 10_000:
+        raise errors.InvalidParameter("at most 10,000 buckets")
+    return reply(request, {"buckets": request.app[BROKER].schedule(start, end, step)})
+
+
+async def info(request: web.Request) -> web.Response:
+    from broker import __version__
+    return reply(request, {"node_id": request.app[CONFIG].node_id, "version": __version__})
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return reply(request, {"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    broker = request.app[BROKER]
+    if broker.ready and broker.failure() is None:
+        return reply(request, {"status": "ready"})
+    return reply(request, {"status": "recovering" if not broker.ready else "failed"}, 503)
+
+
+async def openapi(request: web.Request) -> web.Response:
+    return web.json_response(spec())
+
+
+async def metrics(request: web.Request) -> web.Response:
+    authorize(request, "admin")
+    body, content_type = request.app[METRICS].render()  # type: ignore[attr-defined]
+    resp = web.Response(body=body)
+    resp.headers["Content-Type"] = content_type
+    return resp
+
+
+def make_app(broker: Broker, config: Config, metrics_obj: Any) -> web.Application:
+    mws = [error_middleware] + ([_auth_middleware(config.tokens)] if config.tokens else [])
+    app = web.Application(middlewares=mws, client_max_size=config.max_request_bytes)
+    app[BROKER] = broker
+    app[CONFIG] = config
+    app[METRICS] = metrics_obj
+    t, g = "/v1/topics/{topic}", "/v1/topics/{topic}/subscriptions/{group}"
+    app.add_routes([
+        web.post(f"{t}/messages", produce),
+        web.delete("/v1/messages/{id}", cancel),
+        web.get("/v1/messages/{id}", get_message, allow_head=False),
+        web.delete(f"{t}/keys/{{key}}", keys_not_yet),
+        web.get(f"{t}/keys/{{key}}", keys_not_yet, allow_head=False),
+        web.put(g, subscribe),
+        web.post(f"{g}/pull", pull),
+        web.post(f"{g}/{{op:ack|nack|extend}}", settle),
+        web.get(f"{g}/dead", dead, allow_head=False),
+        web.post(f"{g}/dead/redrive", redrive),
+        web.get("/v1/stats", stats, allow_head=False),
+        web.get("/v1/schedule", schedule, allow_head=False),
+        web.get("/v1/info", info, allow_head=False),
+        web.get("/metrics", metrics, allow_head=False),
+        web.get("/healthz", healthz),
+        web.get("/readyz", readyz),
+        web.get("/openapi.json", openapi, allow_head=False),
+    ])
+    return app

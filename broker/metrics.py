@@ -1,0 +1,87 @@
+"""Prometheus metrics. Counters move with events; gauges are read live at scrape time."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+from broker.service import Broker
+from storage.store import Due
+
+LATENESS_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class Metrics:
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.registry = CollectorRegistry()
+        self.lateness = Histogram("delayd_lateness_seconds", "delivered_at - deliver_at of released messages",
+                                  buckets=LATENESS_BUCKETS, registry=self.registry)
+        self.delivered = Counter("delayd_delivered", "Messages released to their topic", ["topic"],
+                                 registry=self.registry)
+        self.registry.register(_Live(broker))
+        broker.listeners.append(self)
+
+    def on_release(self, dues: list[Due], now: int) -> None:
+        per_topic: dict[str, int] = {}
+        for d in dues:
+            self.lateness.observe((now - d.deliver_at) / 1000)
+            per_topic[d.topic] = per_topic.get(d.topic, 0) + 1
+        for t, n in per_topic.items():
+            self.delivered.labels(t).inc(n)
+
+    def render(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class _Live(Collector):
+    """Values that already live in the broker, exported without double bookkeeping."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+
+    def collect(self) -> Iterator[Any]:
+        b = self.broker
+        store, groups, pipeline = b.store, b.groups, b.pipeline
+        if store is None or groups is None or pipeline is None or not b.ready:
+            return
+        produced = _counter("delayd_produced_total", "Messages accepted", ["topic"])
+        cancelled = _counter("delayd_cancelled_total", "Messages cancelled", ["topic"])
+        sched = GaugeMetricFamily("delayd_topic_scheduled_messages", "Pending messages per topic", labels=["topic"])
+        for t, c in store.topic_counts.items():
+            produced.add_metric([t], c.get("produced_total", 0))
+            cancelled.add_metric([t], c.get("cancelled_total", 0))
+            sched.add_metric([t], c.get("scheduled", 0))
+        yield from (produced, cancelled, sched)
+        acked = _counter("delayd_acked_total", "Acknowledged deliveries", ["topic", "group"])
+        nacked = _counter("delayd_nacked_total", "Negative acknowledgements", ["topic", "group"])
+        dead_t = _counter("delayd_dead_total", "Messages moved to dead letters", ["topic", "group"])
+        backlog = GaugeMetricFamily("delayd_group_backlog", "Due messages not yet handed out", labels=["topic", "group"])
+        inflight = GaugeMetricFamily("delayd_group_inflight", "Messages leased to consumers", labels=["topic", "group"])
+        dead = GaugeMetricFamily("delayd_group_dead", "Dead letters held", labels=["topic", "group"])
+        for g in groups.groups.values():
+            s = groups.stats(g)
+            acked.add_metric([g.topic, g.name], g.acked_total)
+            nacked.add_metric([g.topic, g.name], g.nacked_total)
+            dead_t.add_metric([g.topic, g.name], g.dead_total)
+            backlog.add_metric([g.topic, g.name], s["backlog"])
+            inflight.add_metric([g.topic, g.name], s["inflight"])
+            dead.add_metric([g.topic, g.name], s["dead"])
+        yield from (acked, nacked, dead_t, backlog, inflight, dead)
+        depth = GaugeMetricFamily("delayd_stage_queue_depth", "Items waiting in front of each stage", labels=["stage"])
+        for name, n in pipeline.depths().items():
+            depth.add_metric([name], n)
+        yield depth
+        yield GaugeMetricFamily("delayd_scheduled_messages", "Pending (scheduled) messages", value=store.scheduled)
+        yield GaugeMetricFamily("delayd_disk_bytes", "Bytes on disk in the data directory", value=store.disk_bytes())
+        yield GaugeMetricFamily("delayd_recovery_seconds", "Duration of the last recovery", value=b.recovery_seconds)
+
+
+def _counter(name: str, doc: str, labels: list[str]) -> Any:
+    from prometheus_client.core import CounterMetricFamily
+    return CounterMetricFamily(name.removesuffix("_total"), doc, labels=labels)

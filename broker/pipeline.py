@@ -1,0 +1,398 @@
+"""The RIP-43 timer pipeline: five stages linked by bounded queues.
+
+    produce ─▶ commit log ─▶ enqueue-get ─▶ enqueue-put ─▶ TimerLog + wheel
+                                                               │
+    ready queue ◀─ dequeue-put ◀─ dequeue-get-message ◀─ dequeue-get (walks due slots)
+
+A full link makes the stage before it wait; nothing is ever dropped. The commit log absorbs
+bursts: produce only waits for the commit log (and its fsync), indexing catches up.
+Every stage is a small class with a name, an inbox, an outbox and counters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from broker.clock import Clock
+from storage.commitlog import Record
+from storage.segments import fsync_all
+from storage.store import Due, Store
+from storage.timerlog import Unit
+
+log = logging.getLogger("delayd.pipeline")
+
+
+class Link:
+    """A bounded queue of batches that counts items. `put` waits while full (flow control)."""
+
+    def __init__(self, name: str, capacity_batches: int) -> None:
+        self.name = name
+        self.capacity = capacity_batches
+        self.items = 0
+        self._q: deque[tuple[int, Any]] = deque()
+        self._not_empty = asyncio.Event()
+        self._not_full = asyncio.Event()
+        self._not_full.set()
+
+    async def put(self, batch: Any, size: int) -> None:
+        while len(self._q) >= self.capacity:
+            self._not_full.clear()
+            await self._not_full.wait()
+        self._q.append((size, batch))
+        self.items += size
+        self._not_empty.set()
+
+    def get_nowait(self) -> Any | None:
+        if not self._q:
+            return None
+        size, batch = self._q.popleft()
+        self.items -= size
+        self._not_full.set()
+        return batch
+
+    async def get(self) -> Any:
+        while not self._q:
+            self._not_empty.clear()
+            await self._not_empty.wait()
+        return self.get_nowait()
+
+    async def wait(self, timeout_s: float | None) -> None:
+        """Wait until an item is there or `timeout_s` passes (never loses an item)."""
+        if self._q:
+            return
+        self._not_empty.clear()
+        try:
+            await asyncio.wait_for(self._not_empty.wait(), timeout_s)
+        except TimeoutError:
+            pass
+
+    def __len__(self) -> int:
+        return len(self._q)
+
+
+class InFlight:
+    """Units taken out of the wheel and not yet released or dropped, per slot.
+
+    The checkpoint's read time is the oldest slot with units still in flight: a crash
+    re-walks from there, and the message table drops what was already released.
+    """
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.by_slot: dict[int, int] = {}
+
+    def add(self, slot_time: int, n: int) -> None:
+        self.by_slot[slot_time] = self.by_slot.get(slot_time, 0) + n
+
+    def done(self, slot_time: int, n: int = 1) -> None:
+        left = self.by_slot.get(slot_time, 0) - n
+        if left > 0:
+            self.by_slot[slot_time] = left
+        else:
+            self.by_slot.pop(slot_time, None)
+
+    def read_time(self) -> int:
+        return min(self.by_slot, default=self.store.load_time_ms)
+
+    @property
+    def count(self) -> int:
+        return sum(self.by_slot.values())
+
+
+class Stage:
+    name = "stage"
+
+    def __init__(self, inbox: Link | None, outbox: Link | None) -> None:
+        self.inbox = inbox
+        self.outbox = outbox
+        self.batches = 0
+        self.items = 0
+
+    async def run(self) -> None:
+        raise NotImplementedError
+
+
+class EnqueueGet(Stage):
+    """Tails the commit log from the indexed offset and hands records to enqueue-put."""
+    name = "enqueue_get"
+
+    def __init__(self, store: Store, outbox: Link, appended: asyncio.Event, batch: int = 2048) -> None:
+        super().__init__(None, outbox)
+        self.store, self.appended, self.batch = store, appended, batch
+        self.pos = store.indexed
+
+    async def run(self) -> None:
+        assert self.outbox is not None
+        while True:
+            records, pos = self.store.read_records(self.pos, self.batch)
+            if not records:
+                self.appended.clear()
+                if self.store.commit.end > self.pos:
+                    await asyncio.sleep(0)
+                    continue
+                await self.appended.wait()
+                continue
+            self.pos = pos
+            self.batches += 1
+            self.items += len(records)
+            await self.outbox.put(records, len(records))
+
+
+class EnqueuePut(Stage):
+    """Writes TimerLog units and wheel slots; sends messages whose slot already passed
+    straight to dequeue-put."""
+    name = "enqueue_put"
+
+    def __init__(self, store: Store, inbox: Link, late: Link, clock: Clock) -> None:
+        super().__init__(inbox, late)
+        self.store, self.clock = store, clock
+
+    async def run(self) -> None:
+        assert self.inbox is not None and self.outbox is not None
+        while True:
+            records: list[Record] = await self.inbox.get()
+            while records:
+                n = self.store.index(records, self.clock.now_ms())
+                late = self.store.take_late()
+                if late:
+                    await self.outbox.put(late, len(late))
+                self.items += n
+                records = records[n:]
+                if records:
+                    # The slot's previous lap is not dispatched yet (only after a long stop):
+                    # wait for dequeue-get to catch up rather than overwrite it.
+                    await asyncio.sleep(self.store.cfg.precision_ms / 1000)
+            self.batches += 1
+
+
+class DequeueGet(Stage):
+    """Loads each slot `lookahead_ms` before it starts and passes its units on."""
+    name = "dequeue_get"
+
+    def __init__(self, store: Store, outbox: Link, clock: Clock, inflight: InFlight, lookahead_ms: int) -> None:
+        super().__init__(None, outbox)
+        self.store, self.clock, self.inflight, self.lookahead_ms = store, clock, inflight, lookahead_ms
+
+    async def run(self) -> None:
+        assert self.outbox is not None
+        idle = 0
+        while True:
+            t = self.store.load_time_ms
+            wait_ms = t - self.lookahead_ms - self.clock.now_ms()
+            if wait_ms > 0:
+                await asyncio.sleep(wait_ms / 1000)
+                continue
+            units: list[Unit] = self.store.load_slot(t)
+            if units:
+                self.inflight.add(t, len(units))
+                for i in range(0, len(units), 1024):
+                    chunk = units[i:i + 1024]
+                    await self.outbox.put((t, chunk), len(chunk))
+                self.items += len(units)
+                self.batches += 1
+            else:
+                idle += 1
+                if idle % 256 == 0:  # catching up over empty slots: let the loop breathe
+                    await asyncio.sleep(0)
+
+
+class DequeueGetMessage(Stage):
+    """Reads each unit's record: drops cancelled, delivered and stale units, rolls far ones
+    forward (re-appended to the commit log), passes due messages on."""
+    name = "dequeue_get_message"
+
+    def __init__(self, store: Store, inbox: Link, outbox: Link, inflight: InFlight,
+                 appended: asyncio.Event) -> None:
+        super().__init__(inbox, outbox)
+        self.store, self.inflight, self.appended = store, inflight, appended
+        self.dropped = 0
+        self.rolled = 0
+
+    async def run(self) -> None:
+        assert self.inbox is not None and self.outbox is not None
+        while True:
+            slot_time, units = await self.inbox.get()
+            dues: list[Due] = []
+            for unit in units:
+                r = self.store.resolve(unit, slot_time)
+                if isinstance(r, Due):
+                    dues.append(r)
+                    continue
+                if isinstance(r, Record):
+                    self.store.roll_forward(r)
+                    self.rolled += 1
+                    self.appended.set()
+                else:
+                    self.dropped += 1
+                self.inflight.done(slot_time)
+            self.items += len(units)
+            self.batches += 1
+            if dues:
+                await self.outbox.put(dues, len(dues))
+
+
+class DequeuePut(Stage):
+    """Holds due messages until their own `deliver_at` millisecond, then releases them into
+    their topic's ready queue. Never early: release needs clock >= deliver_at."""
+    name = "dequeue_put"
+
+    def __init__(self, store: Store, inbox: Link, clock: Clock, inflight: InFlight, capacity: int,
+                 on_release: Callable[[list[Due], int], None]) -> None:
+        super().__init__(inbox, None)
+        self.store, self.clock, self.inflight = store, clock, inflight
+        self.capacity, self.on_release = capacity, on_release
+        self.heap: list[tuple[int, int, Due]] = []
+
+    async def run(self) -> None:
+        assert self.inbox is not None
+        heap = self.heap
+        while True:
+            while len(heap) < self.capacity:
+                batch = self.inbox.get_nowait()
+                if batch is None:
+                    break
+                for d in batch:
+                    heapq.heappush(heap, (d.deliver_at, d.seq, d))
+            now = self.clock.now_ms()
+            if heap and heap[0][0] <= now:
+                due = []
+                while heap and heap[0][0] <= now and len(due) < 4096:
+                    due.append(heapq.heappop(heap)[2])
+                released = self.store.release(due, now)
+                for d in due:
+                    self.inflight.done(d.slot_time)
+                self.items += len(released)
+                self.batches += 1
+                if released:
+                    self.on_release(released, now)
+                await asyncio.sleep(0)
+                continue
+            timeout = None if not heap else max(0.0, (heap[0][0] - now) / 1000)
+            if len(heap) >= self.capacity:
+                await asyncio.sleep(timeout or 0)
+            else:
+                await self.inbox.wait(timeout)
+
+    @property
+    def holding(self) -> int:
+        return len(self.heap)
+
+
+class GroupCommit:
+    """fsync policy `always`: one fsync serves every append that happened before it started.
+
+    Appends are synchronous; a caller then awaits `durable()`. The committer fsyncs in a
+    worker thread, so requests keep appending while the disk works, and their waiters ride
+    the next fsync.
+    """
+
+    def __init__(self, store: Store, policy: str, interval_ms: int) -> None:
+        self.store, self.policy, self.interval_ms = store, policy, interval_ms
+        self._waiters: list[asyncio.Future[None]] = []
+        self._wake = asyncio.Event()
+        self.fsyncs = 0
+        self.last_error: BaseException | None = None
+
+    async def durable(self) -> None:
+        if self.policy != "always":
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        self._wake.set()
+        await fut
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if self.policy == "always":
+                await self._wake.wait()
+                self._wake.clear()
+            else:
+                await asyncio.sleep(self.interval_ms / 1000)
+                if self.policy == "never":
+                    continue
+            waiters, self._waiters = self._waiters, []
+            fds = self.store.commit_handles()
+            try:
+                if fds:
+                    await loop.run_in_executor(None, fsync_all, fds)
+                    self.fsyncs += 1
+            except OSError as e:
+                self.last_error = e
+                log.error("commit-log fsync failed: %s", e)
+                for w in waiters:
+                    if not w.done():
+                        w.set_exception(e)
+                continue
+            for w in waiters:
+                if not w.done():
+                    w.set_result(None)
+
+
+class Pipeline:
+    """The five stages, their links, and the tasks that run them."""
+
+    def __init__(self, store: Store, clock: Clock, *, lookahead_ms: int, queue_batches: int,
+                 release_capacity: int, on_release: Callable[[list[Due], int], None]) -> None:
+        self.store = store
+        self.clock = clock
+        self.appended = asyncio.Event()
+        self.inflight = InFlight(store)
+        self.records = Link("enqueue_put", queue_batches)
+        self.units = Link("dequeue_get_message", queue_batches)
+        self.dues = Link("dequeue_put", queue_batches * 4)
+        self.stages: list[Stage] = [
+            EnqueueGet(store, self.records, self.appended),
+            EnqueuePut(store, self.records, self.dues, clock),
+            DequeueGet(store, self.units, clock, self.inflight, lookahead_ms),
+            DequeueGetMessage(store, self.units, self.dues, self.inflight, self.appended),
+            DequeuePut(store, self.dues, clock, self.inflight, release_capacity, on_release),
+        ]
+        self.tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        for st in self.stages:
+            self.tasks.append(asyncio.create_task(self._guard(st), name=st.name))
+
+    async def _guard(self, stage: Stage) -> None:
+        try:
+            await stage.run()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # A stage that dies silently would stall delivery: make it loud and fatal.
+            log.exception("pipeline stage %s failed; stopping the daemon", stage.name)
+            raise
+
+    async def stop(self) -> None:
+        for t in self.tasks:
+            t.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        self.tasks.clear()
+
+    def depths(self) -> dict[str, int]:
+        """What waits in front of each stage. enqueue-get's queue is the commit log itself, so
+        its depth is in bytes not yet read; dequeue-get's is in slots it is behind the clock;
+        the others count messages (dequeue-put's includes those it holds until due)."""
+        get, put = self.stages[0], self.stages[4]
+        assert isinstance(get, EnqueueGet) and isinstance(put, DequeuePut)
+        behind = (self.clock.now_ms() - self.store.load_time_ms) // self.store.cfg.precision_ms
+        return {"enqueue_get": max(0, self.store.commit.end - get.pos), "enqueue_put": self.records.items,
+                "dequeue_get": max(0, behind), "dequeue_get_message": self.units.items,
+                "dequeue_put": self.dues.items + put.holding}
+
+    def failed(self) -> BaseException | None:
+        for t in self.tasks:
+            if t.done() and not t.cancelled() and t.exception() is not None:
+                return t.exception()
+        return None
+
+
+def monotonic_ms() -> int:
+    return int(time.monotonic() * 1000)

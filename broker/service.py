@@ -1,0 +1,319 @@
+"""The broker: storage + pipeline + consumer groups, behind the operations of API v1.
+
+The HTTP layer decodes and validates; this module decides. All state changes happen on the
+event loop thread, so a check followed by a change (cancel vs. release) is atomic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from broker import errors
+from broker.clock import Clock
+from broker.config import Config
+from broker.groups import Delivery, Group, Groups, decode_event, encode_event
+from broker.pipeline import GroupCommit, Pipeline
+from storage.commitlog import Record
+from storage.errors import StorageError
+from storage.msgtable import MessageState
+from storage.store import Due, NewMessage, Store
+
+log = logging.getLogger("delayd.broker")
+
+STATE_NAMES = {MessageState.SCHEDULED: "scheduled", MessageState.DELIVERED: "delivered",
+               MessageState.CANCELLED: "cancelled"}
+
+
+@dataclass(slots=True)
+class Produced:
+    id: str
+    deliver_at: int
+    duplicate: bool = False
+
+
+class Broker:
+    def __init__(self, config: Config, clock: Clock | None = None) -> None:
+        self.cfg = config
+        self.clock = clock or Clock()
+        self.store: Store | None = None
+        self.pipeline: Pipeline | None = None
+        self.groups: Groups | None = None
+        self.committer: GroupCommit | None = None
+        self.ready = False
+        self.recovery_seconds = 0.0
+        self.recovery_line = ""
+        self.lateness: deque[int] = deque(maxlen=10_000)
+        self.listeners: list[Any] = []  # metrics hooks: objects with on_release(dues, now)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopped = False
+
+    # ---------------------------------------------------------------------------------- lifecycle
+    async def start(self) -> None:
+        t0 = time.monotonic()
+        loop = asyncio.get_running_loop()
+        store = Store(Path(self.cfg.data_dir), self.cfg.store_config(), self.clock.now_ms)
+        self.store = store
+        # Recovery reads files only; running it in a thread keeps /healthz answering meanwhile.
+        report = await loop.run_in_executor(None, store.recover)
+        self.recovery_line = report.line()
+        log.info(self.recovery_line)
+        self.groups = Groups(store, self.clock.now_ms, self._log_group_event, self.cfg.default_max_attempts)
+        events = []
+        for rec in report.group_events:
+            events.append((rec.topic, rec.key or "", decode_event(rec.body)))
+        self.groups.restore(store.groups_snapshot, events)
+        self.committer = GroupCommit(store, self.cfg.fsync, self.cfg.fsync_interval_ms)
+        self.pipeline = Pipeline(store, self.clock, lookahead_ms=self.cfg.lookahead_ms,
+                                 queue_batches=self.cfg.stage_queue_batches,
+                                 release_capacity=self.cfg.release_capacity, on_release=self._on_release)
+        # A checkpoint right after recovery makes the next restart start from here.
+        store.checkpoint(self.pipeline.inflight.read_time(), self.groups.snapshot())
+        self.pipeline.start()
+        self._tasks = [asyncio.create_task(self.committer.run(), name="group_commit"),
+                       asyncio.create_task(self._checkpoint_loop(), name="checkpoint")]
+        self.recovery_seconds = time.monotonic() - t0
+        self.ready = True
+
+    async def stop(self) -> dict[str, Any]:
+        """Idempotent: stop stages, flush, final checkpoint, close files."""
+        if self._stopped or self.store is None:
+            return {}
+        self._stopped = True
+        self.ready = False
+        if self.pipeline is not None:
+            await self.pipeline.stop()
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        summary = {"produced": self.store.totals["produced"], "delivered": self.store.totals["delivered"],
+                   "cancelled": self.store.totals["cancelled"], "scheduled": self.store.scheduled}
+        try:
+            self.store.flush_commit()
+            if self.pipeline is not None and self.groups is not None:
+                self.store.checkpoint(self.pipeline.inflight.read_time(), self.groups.snapshot())
+        finally:
+            self.store.close()
+        return summary
+
+    async def _checkpoint_loop(self) -> None:
+        assert self.store and self.pipeline and self.groups
+        while True:
+            await asyncio.sleep(self.cfg.checkpoint_interval_ms / 1000)
+            try:
+                self.store.checkpoint(self.pipeline.inflight.read_time(), self.groups.snapshot())
+            except OSError as e:
+                log.error("checkpoint failed: %s", e)
+
+    def failure(self) -> BaseException | None:
+        if self.pipeline is not None and (e := self.pipeline.failed()) is not None:
+            return e
+        for t in self._tasks:
+            if t.done() and not t.cancelled() and t.exception() is not None:
+                return t.exception()
+        return None
+
+    # ---------------------------------------------------------------------------------- ids
+    def message_id(self, seq: int) -> str:
+        return f"{self.cfg.node_id}-{seq:x}"
+
+    def parse_id(self, message_id: str) -> int:
+        node, _, num = message_id.partition("-")
+        if node != self.cfg.node_id or not num or len(num) > 16:
+            raise errors.NotFound(f"no message {message_id!r}")
+        try:
+            return int(num, 16)
+        except ValueError:
+            raise errors.NotFound(f"no message {message_id!r}") from None
+
+    # ---------------------------------------------------------------------------------- produce
+    def _require_ready(self) -> Store:
+        if not self.ready or self.store is None:
+            raise errors.NotReady("recovery is still running", retry_after_s=1)
+        return self.store
+
+    async def produce(self, messages: list[NewMessage]) -> list[Produced]:
+        store = self._require_ready()
+        if store.commit.end - store.indexed > self.cfg.max_unindexed_bytes:
+            raise errors.Backpressure("indexing is behind; retry shortly", retry_after_s=1)
+        now = self.clock.now_ms()
+        try:
+            seqs = store.append_messages(messages, now)
+        except StorageError as e:
+            raise errors.from_storage(e) from e
+        assert self.pipeline is not None
+        self.pipeline.appended.set()
+        await self._durable()
+        return [Produced(self.message_id(s), m.deliver_at) for s, m in zip(seqs, messages, strict=True)]
+
+    async def _durable(self) -> None:
+        assert self.committer is not None
+        try:
+            await self.committer.durable()
+        except OSError as e:
+            raise errors.DiskFullError(f"could not make the write durable: {e}") from e
+
+    # ---------------------------------------------------------------------------------- cancel
+    async def cancel(self, message_id: str) -> dict[str, str]:
+        store = self._require_ready()
+        seq = self.parse_id(message_id)
+        st, off, size, _ = store.state(seq)
+        if st == MessageState.UNKNOWN:
+            raise errors.NotFound(f"no message {message_id!r}")
+        if st == MessageState.DELIVERED:
+            raise errors.AlreadyDelivered(f"message {message_id} was already delivered")
+        if st == MessageState.SCHEDULED:
+            topic = self._record(off, size, message_id).topic
+            try:
+                store.append_cancel(seq, topic)
+            except StorageError as e:
+                raise errors.from_storage(e) from e
+            assert self.pipeline is not None
+            self.pipeline.appended.set()
+        await self._durable()  # also for a repeat: the first cancel may still be in flight
+        return {"id": message_id, "state": "cancelled"}
+
+    def _record(self, offset: int, size: int, message_id: str) -> Record:
+        assert self.store is not None
+        try:
+            return self.store.read_record(offset, size)
+        except StorageError as e:
+            raise errors.NotFound(f"message {message_id} is no longer readable ({e})") from e
+
+    # ---------------------------------------------------------------------------------- inspect
+    def get(self, message_id: str) -> tuple[Record, str]:
+        store = self._require_ready()
+        seq = self.parse_id(message_id)
+        st, off, size, _ = store.state(seq)
+        if st == MessageState.UNKNOWN:
+            raise errors.NotFound(f"no message {message_id!r}")
+        return self._record(off, size, message_id), STATE_NAMES[st]
+
+    # ---------------------------------------------------------------------------------- consume
+    def group(self, topic: str, name: str, start: str = "earliest", max_attempts: int | None = None) -> Group:
+        self._require_ready()
+        assert self.groups is not None
+        return self.groups.get_or_create(topic, name, start, max_attempts)
+
+    async def pull(self, topic: str, name: str, max_n: int, wait_ms: int, lease_ms: int,
+                   tags: list[str] | None) -> list[tuple[Delivery, Record]]:
+        g = self.group(topic, name)
+        assert self.groups is not None
+        deadline = self.clock.monotonic() + wait_ms / 1000
+        while True:
+            got = self.groups.take(g, max_n, lease_ms, tags)
+            left = deadline - self.clock.monotonic()
+            if got or left <= 0:
+                break
+            ev = self.groups.event(topic)
+            ev.clear()
+            wake = self.groups.next_wakeup_ms(g)
+            if wake is not None:
+                left = min(left, max(0.001, (wake - self.clock.now_ms()) / 1000))
+            try:
+                await asyncio.wait_for(ev.wait(), left)
+            except TimeoutError:
+                pass
+        out = []
+        for d in got:
+            try:
+                out.append((d, self.store.read_record(d.unit.commit_offset, d.unit.commit_size)))  # type: ignore[union-attr]
+            except StorageError as e:
+                log.error("ready message %d unreadable (%s); dead-lettering it", d.unit.seq, e)
+                g.leases.pop(d.unit.index, None)
+                g.mark_done(d.unit.index)
+        return out
+
+    async def settle(self, op: str, topic: str, name: str, receipts: list[str],
+                     delay_ms: int | None = None, lease_ms: int = 30_000) -> tuple[int, list[str]]:
+        g = self.group(topic, name)
+        assert self.groups is not None
+        if op == "ack":
+            n, stale = self.groups.ack(g, receipts)
+            if n:
+                await self._durable()  # an acked message must not come back after a crash
+            return n, stale
+        if op == "nack":
+            return self.groups.nack(g, receipts, delay_ms)
+        return self.groups.extend(g, receipts, lease_ms)
+
+    def dead(self, topic: str, name: str, limit: int) -> list[tuple[int, Any, Record | None]]:
+        g = self.group(topic, name)
+        assert self.store is not None
+        out = []
+        for i, d in sorted(g.dead.items())[:limit]:
+            st, off, size, _ = self.store.state(d.seq)
+            try:
+                rec = self.store.read_record(off, size) if off >= 0 else None
+            except StorageError:
+                rec = None
+            out.append((i, d, rec))
+        return out
+
+    async def redrive(self, topic: str, name: str, ids: list[str] | None) -> int:
+        g = self.group(topic, name)
+        assert self.groups is not None
+        seqs = None
+        if ids is not None:
+            seqs = set()
+            for i in ids:
+                try:
+                    seqs.add(self.parse_id(i))
+                except errors.NotFound:
+                    continue
+        n = self.groups.redrive(g, seqs)
+        if n:
+            await self._durable()
+        return n
+
+    def _log_group_event(self, topic: str, group: str, ev: dict[str, Any]) -> None:
+        assert self.store is not None
+        self.store.append_group_event(topic, group, encode_event(ev))
+
+    # ---------------------------------------------------------------------------------- release
+    def _on_release(self, dues: list[Due], now: int) -> None:
+        assert self.groups is not None
+        topics = set()
+        for d in dues:
+            self.lateness.append(now - d.deliver_at)
+            topics.add(d.topic)
+        for t in topics:
+            self.groups.notify(t)
+        for listener in self.listeners:
+            listener.on_release(dues, now)
+
+    # ---------------------------------------------------------------------------------- observe
+    def lateness_summary(self) -> dict[str, int]:
+        if not self.lateness:
+            return {"p50": 0, "p99": 0, "max": 0}
+        xs = sorted(self.lateness)
+        return {"p50": xs[len(xs) // 2], "p99": xs[min(len(xs) - 1, int(len(xs) * 0.99))], "max": xs[-1]}
+
+    def stats(self) -> dict[str, Any]:
+        store = self._require_ready()
+        assert self.groups is not None and self.pipeline is not None
+        return {
+            "node_id": self.cfg.node_id,
+            "scheduled": store.scheduled,
+            "produced_total": store.totals["produced"],
+            "delivered_total": store.totals["delivered"],
+            "cancelled_total": store.totals["cancelled"],
+            "rolled_total": store.totals["rolled"],
+            "lateness_ms": self.lateness_summary(),
+            "topics": {t: {"scheduled": c["scheduled"], "delivered_total": c["delivered_total"],
+                           "produced_total": c["produced_total"], "cancelled_total": c["cancelled_total"]}
+                       for t, c in store.topic_counts.items()},
+            "groups": {g.key: self.groups.stats(g) for g in self.groups.groups.values()},
+            "pipeline": self.pipeline.depths(),
+            "disk_bytes": store.disk_bytes(),
+            "recovery_seconds": round(self.recovery_seconds, 3),
+            "wall_clock_skew_ms": self.clock.wall_skew_ms(),
+        }
+
+    def schedule(self, start: int, end: int, step: int) -> list[list[int]]:
+        return self._require_ready().schedule(start, end, step)

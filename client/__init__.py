@@ -1,0 +1,63 @@
+"""delayd client SDK: `AsyncClient` / `Client`, auto-batching producers, consumer runners.
+
+    from client import Client
+    with Client("http://127.0.0.1:7070") as c:
+        c.send("orders.timeout", b"order-42", delay_ms=30_000, key="order-42")
+        c.cancel_key("orders.timeout", "order-42")
+
+See docs/client.md.
+"""
+
+from client.aio import DEFAULT_URL, AsyncClient
+from client.codec import Encoding, OutgoingMessage
+from client.consumer import AsyncConsumer, Consumer, ConsumerStats
+from client.errors import (
+    AlreadyDelivered,
+    Backpressure,
+    Conflict,
+    ConnectionFailed,
+    DelaydError,
+    DelayTooLong,
+    DiskFull,
+    Forbidden,
+    InvalidMessage,
+    InvalidName,
+    InvalidRequest,
+    NotFound,
+    ProtocolError,
+    ServerError,
+    TooLarge,
+    Unauthorized,
+    Unavailable,
+    UnsupportedMediaType,
+)
+from client.http import RetryPolicy
+from client.models import (
+    AckResult,
+    CancelResult,
+    DeadLetter,
+    ExtendResult,
+    Message,
+    MessageState,
+    NackResult,
+    NodeInfo,
+    ReceivedMessage,
+    RedriveResult,
+    ScheduleBucket,
+    SendResult,
+    Stats,
+    Subscription,
+)
+from client.producer import AsyncProducer, Producer
+from client.ring import HashRing
+from client.sync import Client
+
+__all__ = [
+    "DEFAULT_URL", "AsyncClient", "Client", "AsyncProducer", "Producer", "AsyncConsumer", "Consumer",
+    "ConsumerStats", "Encoding", "OutgoingMessage", "RetryPolicy", "HashRing",
+    "AckResult", "CancelResult", "DeadLetter", "ExtendResult", "Message", "MessageState", "NackResult",
+    "NodeInfo", "ReceivedMessage", "RedriveResult", "ScheduleBucket", "SendResult", "Stats", "Subscription",
+    "DelaydError", "InvalidRequest", "InvalidName", "InvalidMessage", "DelayTooLong", "TooLarge",
+    "UnsupportedMediaType", "Unauthorized", "Forbidden", "NotFound", "Conflict", "AlreadyDelivered",
+    "Backpressure", "ServerError", "Unavailable", "DiskFull", "ConnectionFailed", "ProtocolError",
+]

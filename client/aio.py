@@ -1,0 +1,421 @@
+"""`AsyncClient`: the whole HTTP API v1 as coroutines, for one broker or a set of shards.
+
+Sharding: given several URLs, the client asks each `GET /v1/info` for its `node_id` (once, on first
+use) and then routes
+
+* produce, `cancel_key`, `get_key` - by a consistent hash ring over (topic, key); a message without
+  a key goes to a random shard (all unkeyed messages of one `send_batch` call to the same one);
+* `cancel`, `get`, `ack`, `nack`, `extend` - to the shard whose node id prefixes the id or receipt;
+* `pull` - to every shard (see `client.shardpull`), never returning more than `max`;
+* `subscribe`, `dead`, `redrive`, `stats`, `schedule`, `info` - to every shard, answers merged.
+
+Pending messages never move between shards. When shards are added, keys move per consistent hashing,
+so `cancel_key` / `get_key` ask every shard when the key's current owner answers 404.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from client.codec import Body, Encoding, OutgoingMessage, to_epoch_ms, to_ms_duration
+from client.errors import AlreadyDelivered, DelaydError, InvalidMessage, NotFound
+from client.http import Retry, RetryPolicy, Transport, path
+from client.models import (
+    AckResult,
+    CancelResult,
+    DeadLetter,
+    ExtendResult,
+    Message,
+    NackResult,
+    NodeInfo,
+    ReceivedMessage,
+    RedriveResult,
+    ScheduleBucket,
+    SendResult,
+    Stats,
+    Subscription,
+)
+from client.ring import DEFAULT_VNODES, HashRing, routing_key
+from client.shardpull import PullKey, ShardedPuller
+
+DEFAULT_URL = "http://127.0.0.1:7070"
+MAX_BATCH = 10_000  # the API's limit for one produce request
+
+Urls = str | Sequence[str] | Mapping[str, str]
+Receipts = str | ReceivedMessage | Iterable[str | ReceivedMessage]
+
+
+def normalize_urls(url: Urls) -> tuple[list[str], dict[str, str]]:
+    """(urls, known node ids by url). A string may hold several URLs separated by commas."""
+    if isinstance(url, Mapping):
+        nodes = {str(u).rstrip("/"): str(n) for n, u in url.items()}
+        return list(nodes), nodes
+    items = url.split(",") if isinstance(url, str) else list(url)
+    urls = [u.strip().rstrip("/") for u in items if u and u.strip()]
+    if not urls:
+        raise ValueError("at least one broker URL is required")
+    if len(set(urls)) != len(urls):
+        raise ValueError(f"duplicate broker URL in {urls}")
+    return urls, {}
+
+
+def owner_node(id_or_receipt: str) -> str:
+    """The node id that prefixes a message id or receipt (`{node_id}-{n}`, receipts `{id}.…`)."""
+    return id_or_receipt.split("-", 1)[0]
+
+
+def receipt_list(receipts: Receipts) -> list[str]:
+    if isinstance(receipts, str | ReceivedMessage):
+        receipts = [receipts]
+    return [r.receipt if isinstance(r, ReceivedMessage) else str(r) for r in receipts]
+
+
+class AsyncClient:
+    """Asynchronous delayd client. Use as `async with AsyncClient(url) as c:` or call `close()`.
+
+    `url` is one base URL, several (a list, or one string with commas) for a sharded deployment, or
+    a mapping `{node_id: url}` that skips the `/v1/info` discovery. `encoding` is `"msgpack"`
+    (default) or `"json"`.
+
+    Retries (jittered exponential backoff, honouring `Retry-After`) happen only where a retry cannot
+    duplicate anything: reads, cancel, ack, nack, extend and the other idempotent calls are retried
+    on connection errors, 429 and 503; produce is retried on those only when every message in the
+    request has a `key` (the broker deduplicates by key), and otherwise only when the request
+    provably did not take effect (connection refused, or 429 `backpressure`).
+    """
+
+    def __init__(self, url: Urls = DEFAULT_URL, token: str | None = None, *, encoding: str | Encoding = "msgpack",
+                 timeout_s: float = 30.0, retry: RetryPolicy | None = None, vnodes: int = DEFAULT_VNODES) -> None:
+        self._urls, self._node_by_url = normalize_urls(url)
+        self.encoding = Encoding(encoding)
+        self._http = Transport(token=token, encoding=self.encoding, timeout_s=timeout_s,
+                               retry=retry or RetryPolicy())
+        self._vnodes = vnodes
+        self._ring: HashRing | None = None
+        self._url_by_node: dict[str, str] = {}
+        self._discovery: asyncio.Lock | None = None
+        self._puller = ShardedPuller()
+        if self._node_by_url:
+            self._build_ring(self._node_by_url)
+
+    # ----------------------------------------------------------------- lifecycle & topology
+
+    @property
+    def urls(self) -> list[str]:
+        return list(self._urls)
+
+    @property
+    def sharded(self) -> bool:
+        return len(self._urls) > 1
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Release unclaimed pulled messages and close connections. Idempotent."""
+        if self._http._closed:
+            return
+        await self._puller.close(lambda t, g, ms: self.nack(t, g, ms, delay_ms=0))
+        await self._http.close()
+
+    def _build_ring(self, node_by_url: Mapping[str, str]) -> None:
+        nodes = list(node_by_url.values())
+        if len(set(nodes)) != len(nodes):
+            raise ValueError(f"two shard URLs report the same node id: {dict(node_by_url)}")
+        self._node_by_url = dict(node_by_url)
+        self._url_by_node = {n: u for u, n in node_by_url.items()}
+        self._ring = HashRing(nodes, self._vnodes)
+
+    async def _topology(self) -> HashRing:
+        if self._ring is not None:
+            return self._ring
+        if self._discovery is None:
+            self._discovery = asyncio.Lock()
+        async with self._discovery:
+            if self._ring is None:
+                infos = await self.info()
+                self._build_ring({i.url: i.node_id for i in infos})
+        assert self._ring is not None
+        return self._ring
+
+    async def _url_for_id(self, id_or_receipt: str) -> str:
+        if not self.sharded:
+            return self._urls[0]
+        await self._topology()
+        node = owner_node(id_or_receipt)
+        try:
+            return self._url_by_node[node]
+        except KeyError:
+            raise NotFound(f"no shard has node id {node!r} (from {id_or_receipt!r})") from None
+
+    async def _url_for_key(self, topic: str, key: str) -> str:
+        if not self.sharded:
+            return self._urls[0]
+        ring = await self._topology()
+        return self._url_by_node[ring.owner_of(topic, key)]
+
+    async def _call(self, url: str, method: str, url_path: str, **kw: Any) -> Any:
+        return await self._http.request(url, method, url_path, **kw)
+
+    async def _everywhere(self, method: str, url_path: str, **kw: Any) -> list[Any]:
+        return list(await asyncio.gather(*(self._call(u, method, url_path, **kw) for u in self._urls)))
+
+    # ----------------------------------------------------------------- produce
+
+    async def send(self, topic: str, body: Body, *, delay_ms: int | float | timedelta | None = None,
+                   deliver_at: int | float | datetime | None = None, key: str | None = None,
+                   tag: str | None = None, headers: Mapping[str, str] | None = None,
+                   replace: bool = False) -> SendResult:
+        """Produce one message; due after `delay_ms`, at `deliver_at`, or now.
+
+        A `key` makes the call idempotent (a second send answers the first message with
+        `duplicate=True`); with `replace=True` it reschedules the pending message instead.
+        """
+        msg = OutgoingMessage(body, delay_ms, deliver_at, key, tag, headers, replace)
+        return (await self.send_batch(topic, [msg]))[0]
+
+    async def send_batch(self, topic: str, messages: Iterable[OutgoingMessage | Mapping[str, Any]]
+                         ) -> list[SendResult]:
+        """Produce many messages; results in the same order.
+
+        One request to one broker is all-or-nothing. Across shards (and beyond 10,000 messages) the
+        batch is split; if a part fails, the exception's `index` is the position in `messages` and
+        its `partial` attribute lists the results of the parts that were stored (None elsewhere).
+        """
+        msgs: list[OutgoingMessage] = []
+        wires: list[dict[str, Any]] = []
+        for i, m in enumerate(messages):
+            try:
+                msg = OutgoingMessage.coerce(m)
+                msgs.append(msg)
+                wires.append(msg.to_wire(self.encoding))
+            except (TypeError, ValueError) as e:
+                raise InvalidMessage(str(e), index=i) from e
+        if not msgs:
+            return []
+        routes: dict[str, list[int]] = {}
+        if not self.sharded:
+            routes[self._urls[0]] = list(range(len(msgs)))
+        else:
+            ring = await self._topology()
+            unkeyed = self._url_by_node[ring.owner(routing_key(topic, secrets.token_hex(8)))]
+            for i, m in enumerate(msgs):
+                url = self._url_by_node[ring.owner_of(topic, m.key)] if m.key is not None else unkeyed
+                routes.setdefault(url, []).append(i)
+        parts: list[tuple[str, list[int]]] = []
+        for url, indices in routes.items():
+            parts += [(url, indices[at:at + MAX_BATCH]) for at in range(0, len(indices), MAX_BATCH)]
+
+        async def produce(url: str, indices: list[int]) -> list[SendResult]:
+            keyed = all(msgs[i].key is not None for i in indices)
+            answer = await self._call(url, "POST", path("topics", topic, "messages"),
+                                      body={"messages": [wires[i] for i in indices]},
+                                      retry=Retry.SAFE if keyed else Retry.UNSENT)
+            results = [SendResult.from_wire(r) for r in answer["messages"]]
+            if len(results) != len(indices):
+                raise DelaydError(f"asked to store {len(indices)} messages, broker answered {len(results)}",
+                                  code="protocol_error", url=url)
+            return results
+
+        outcomes = await asyncio.gather(*(produce(u, ix) for u, ix in parts), return_exceptions=True)
+        out: list[SendResult | None] = [None] * len(msgs)
+        failure: BaseException | None = None
+        for (_, indices), outcome in zip(parts, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                if isinstance(outcome, DelaydError) and outcome.index is not None \
+                        and 0 <= outcome.index < len(indices):
+                    outcome.index = indices[outcome.index]
+                failure = failure or outcome
+                continue
+            for i, r in zip(indices, outcome, strict=True):
+                out[i] = r
+        if failure is not None:
+            failure.partial = out  # type: ignore[attr-defined]
+            raise failure
+        return [r for r in out if r is not None]
+
+    # ----------------------------------------------------------------- cancel & inspect
+
+    async def cancel(self, id: str) -> CancelResult:
+        """Cancel a pending message. Idempotent; raises `AlreadyDelivered` (409) or `NotFound`."""
+        url = await self._url_for_id(id)
+        return CancelResult.from_wire(await self._call(url, "DELETE", path("messages", id)))
+
+    async def cancel_key(self, topic: str, key: str) -> CancelResult:
+        """Cancel the pending message of `topic` that has `key`."""
+        answer = await self._by_key("DELETE", topic, key)
+        return CancelResult.from_wire(answer)
+
+    async def get(self, id: str) -> Message:
+        url = await self._url_for_id(id)
+        return Message.from_wire(await self._call(url, "GET", path("messages", id)))
+
+    async def get_key(self, topic: str, key: str) -> Message:
+        """The pending message of `topic` that has `key`."""
+        return Message.from_wire(await self._by_key("GET", topic, key))
+
+    async def _by_key(self, method: str, topic: str, key: str) -> Any:
+        url_path = path("topics", topic, "keys", key)
+        owner = await self._url_for_key(topic, key)
+        try:
+            return await self._call(owner, method, url_path)
+        except NotFound as first:
+            others = [u for u in self._urls if u != owner]
+            if not others:
+                raise
+            # The key may have been placed before shards were added: ask the previous owners too.
+            outcomes = await asyncio.gather(*(self._call(u, method, url_path) for u in others),
+                                            return_exceptions=True)
+            for outcome in outcomes:
+                if not isinstance(outcome, BaseException):
+                    return outcome
+            for outcome in outcomes:
+                if isinstance(outcome, AlreadyDelivered):
+                    raise outcome from None
+            for outcome in outcomes:
+                if not isinstance(outcome, NotFound) and isinstance(outcome, BaseException):
+                    raise outcome from None
+            raise first
+
+    # ----------------------------------------------------------------- consume
+
+    def _sub_path(self, topic: str, group: str, *rest: str) -> str:
+        return path("topics", topic, "subscriptions", group, *rest)
+
+    async def subscribe(self, topic: str, group: str, start: str | None = None,
+                        max_attempts: int | None = None) -> Subscription:
+        """Create or update a subscription group; `start` is "earliest" or "latest"."""
+        body: dict[str, Any] = {}
+        if start is not None:
+            body["start"] = start
+        if max_attempts is not None:
+            body["max_attempts"] = int(max_attempts)
+        answers = await self._everywhere("PUT", self._sub_path(topic, group), body=body)
+        return Subscription.from_wire(topic, group, answers[0] if isinstance(answers[0], Mapping) else None)
+
+    async def pull(self, topic: str, group: str, max: int = 100, wait_ms: int | timedelta = 0,
+                   lease_ms: int | timedelta = 30_000, tags: Iterable[str] | None = None
+                   ) -> list[ReceivedMessage]:
+        """Lease up to `max` due messages, waiting up to `wait_ms` for the first one."""
+        wait = to_ms_duration(wait_ms, "wait_ms")
+        lease = to_ms_duration(lease_ms, "lease_ms")
+        tag_list = None if tags is None else [str(t) for t in tags]
+
+        async def fetch(url: str, n: int, wait_ms: int, lease_ms: int) -> list[ReceivedMessage]:
+            body: dict[str, Any] = {"max": n, "wait_ms": wait_ms, "lease_ms": lease_ms}
+            if tag_list is not None:
+                body["tags"] = tag_list
+            answer = await self._call(url, "POST", self._sub_path(topic, group, "pull"), body=body,
+                                      extra_timeout_s=wait_ms / 1000)
+            return [ReceivedMessage.from_wire(m, group) for m in answer.get("messages") or []]
+
+        if not self.sharded:
+            return await fetch(self._urls[0], max, wait, lease)
+        await self._topology()
+        key = PullKey(topic, group, None if tag_list is None else tuple(tag_list))
+        return await self._puller.pull(key, self._urls, fetch, max_messages=max, wait_ms=wait, lease_ms=lease)
+
+    async def _settle(self, topic: str, group: str, action: str, receipts: Receipts,
+                      extra: Mapping[str, Any]) -> tuple[int, list[str], str]:
+        """Send ack/nack/extend to the owning shard(s); (count, stale receipts, count field name)."""
+        counted = {"ack": "acked", "nack": "nacked", "extend": "extended"}[action]
+        items = receipt_list(receipts)
+        if not items:
+            return 0, [], counted
+        by_url: dict[str, list[str]] = {}
+        stale: list[str] = []
+        for r in items:
+            try:
+                by_url.setdefault(await self._url_for_id(r), []).append(r)
+            except NotFound:
+                stale.append(r)  # no shard could ever have leased it
+        answers = await asyncio.gather(*(
+            self._call(u, "POST", self._sub_path(topic, group, action), body={"receipts": rs, **extra})
+            for u, rs in by_url.items()))
+        count = 0
+        for (_, rs), answer in zip(by_url.items(), answers, strict=True):
+            answer = answer if isinstance(answer, Mapping) else {}
+            part_stale = [str(s) for s in answer.get("stale") or []]
+            stale += part_stale
+            count += int(answer.get(counted, len(rs) - len(part_stale)))
+        return count, stale, counted
+
+    async def ack(self, topic: str, group: str, receipts: Receipts) -> AckResult:
+        """Acknowledge messages (receipts, or the `ReceivedMessage`s themselves)."""
+        count, stale, _ = await self._settle(topic, group, "ack", receipts, {})
+        return AckResult(count, stale)
+
+    async def nack(self, topic: str, group: str, receipts: Receipts,
+                   delay_ms: int | timedelta | None = None) -> NackResult:
+        """Hand messages back for redelivery after `delay_ms` (default: the broker's backoff)."""
+        extra = {} if delay_ms is None else {"delay_ms": to_ms_duration(delay_ms)}
+        count, stale, _ = await self._settle(topic, group, "nack", receipts, extra)
+        return NackResult(count, stale)
+
+    async def extend(self, topic: str, group: str, receipts: Receipts,
+                     lease_ms: int | timedelta = 30_000) -> ExtendResult:
+        """Renew leases to `lease_ms` from now."""
+        extra = {"lease_ms": to_ms_duration(lease_ms, "lease_ms")}
+        count, stale, _ = await self._settle(topic, group, "extend", receipts, extra)
+        return ExtendResult(count, stale)
+
+    async def dead(self, topic: str, group: str, limit: int = 100) -> list[DeadLetter]:
+        """Dead letters of a group (at most `limit`, over all shards)."""
+        answers = await self._everywhere("GET", self._sub_path(topic, group, "dead"), query={"limit": limit})
+        out = [DeadLetter.from_wire(m) for a in answers for m in (a or {}).get("messages") or []]
+        return out[:limit]
+
+    async def redrive(self, topic: str, group: str, ids: Iterable[str] | None = None) -> RedriveResult:
+        """Re-queue dead letters (the given ids, or all of them)."""
+        url_path = self._sub_path(topic, group, "dead", "redrive")
+        if ids is None:
+            answers = await self._everywhere("POST", url_path, body={})
+        else:
+            by_url: dict[str, list[str]] = {}
+            for i in ids:
+                by_url.setdefault(await self._url_for_id(i), []).append(i)
+            answers = list(await asyncio.gather(*(self._call(u, "POST", url_path, body={"ids": ix})
+                                                  for u, ix in by_url.items())))
+        return RedriveResult(sum(_redriven_count(a) for a in answers))
+
+    # ----------------------------------------------------------------- observe
+
+    async def stats(self) -> Stats:
+        answers = await self._everywhere("GET", "/v1/stats")
+        names = [self._node_by_url.get(u, u) for u in self._urls]
+        return Stats.merge({n: Stats.from_wire(a or {}) for n, a in zip(names, answers, strict=True)})
+
+    async def schedule(self, from_ms: int | datetime, to_ms: int | datetime,
+                       step_ms: int | timedelta) -> list[ScheduleBucket]:
+        """How many pending messages fall due in each `step_ms` bucket of [from_ms, to_ms)."""
+        query = {"from": to_epoch_ms(from_ms, "from_ms"), "to": to_epoch_ms(to_ms, "to_ms"),
+                 "step_ms": to_ms_duration(step_ms, "step_ms")}
+        answers = await self._everywhere("GET", "/v1/schedule", query=query)
+        counts: dict[int, int] = {}
+        for a in answers:
+            for start, count in (a or {}).get("buckets") or []:
+                counts[int(start)] = counts.get(int(start), 0) + int(count)
+        return [ScheduleBucket(s, c) for s, c in sorted(counts.items())]
+
+    async def info(self) -> list[NodeInfo]:
+        """`GET /v1/info` of every shard, in URL order."""
+        answers = await self._everywhere("GET", "/v1/info")
+        return [NodeInfo(u, str(a["node_id"]), str(a.get("version", ""))) for u, a in
+                zip(self._urls, answers, strict=True)]
+
+
+def _redriven_count(answer: Any) -> int:
+    if not isinstance(answer, Mapping):
+        return 0
+    for name in ("redriven", "requeued", "count"):
+        if isinstance(answer.get(name), int):
+            return int(answer[name])
+    ids = answer.get("ids")
+    return len(ids) if isinstance(ids, list) else 0

@@ -1,0 +1,174 @@
+"""One HTTP exchange with one broker, with the retry rules.
+
+Retrying is only done where it cannot create a duplicate:
+
+* `Retry.SAFE` (reads, cancel, ack, nack, extend, subscribe, redrive, and produce when every message
+  has a `key`, which the broker deduplicates): retried on connection errors, 429 and 503.
+* `Retry.UNSENT` (produce with an unkeyed message): retried only when the request provably did not
+  take effect - the connection could not be opened, or the broker answered 429 `backpressure`
+  (produce is all-or-nothing, so a refused batch stored nothing). A reset or timeout after the
+  request went out, or a 503, is raised to the caller: the batch may or may not be stored.
+* `Retry.NEVER`.
+
+The pause is jittered exponential backoff, and never shorter than the broker's `Retry-After`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import aiohttp
+import yarl
+
+from client.codec import Encoding, dumps, loads
+from client.errors import (
+    Backpressure,
+    ConnectionFailed,
+    DelaydError,
+    ProtocolError,
+    Unavailable,
+    error_from_response,
+)
+
+USER_AGENT = "delayd-python-client/0.1"
+
+
+class Retry(Enum):
+    SAFE = "safe"
+    UNSENT = "unsent"
+    NEVER = "never"
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """`attempts` counts the first try. Pauses grow `base_delay_ms * 2**n` up to `max_delay_ms`, each
+    drawn uniformly from its upper half (jitter keeps many clients from retrying in step)."""
+
+    attempts: int = 5
+    base_delay_ms: int = 50
+    max_delay_ms: int = 5_000
+    max_retry_after_ms: int = 30_000
+
+    def delay_s(self, retry_number: int, retry_after_s: float | None = None,
+                rng: random.Random | None = None) -> float:
+        ceiling = min(self.max_delay_ms, self.base_delay_ms * (2 ** max(0, retry_number - 1)))
+        pause_ms = (rng or random).uniform(ceiling / 2, ceiling)
+        if retry_after_s is not None:
+            pause_ms = max(pause_ms, min(retry_after_s * 1000, self.max_retry_after_ms))
+        return pause_ms / 1000
+
+
+NO_RETRY = RetryPolicy(attempts=1)
+
+
+def path(*parts: str) -> str:
+    """`/v1/...` from segments, each percent-encoded (keys may hold `/`, spaces, anything)."""
+    return "/v1/" + "/".join(quote(p, safe="") for p in parts)
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """Seconds from a `Retry-After` header; delta-seconds only (fractions accepted)."""
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None
+    return seconds if seconds >= 0 else None
+
+
+def _retryable(err: DelaydError, mode: Retry) -> bool:
+    if mode is Retry.NEVER:
+        return False
+    if isinstance(err, Backpressure):
+        return True
+    if isinstance(err, ConnectionFailed):
+        return mode is Retry.SAFE or not err.sent
+    if isinstance(err, Unavailable) and err.status == 503:
+        return mode is Retry.SAFE
+    return False
+
+
+class Transport:
+    """Shares one aiohttp session (one connection pool) among all the shards of a client."""
+
+    def __init__(self, *, token: str | None, encoding: Encoding, timeout_s: float,
+                 retry: RetryPolicy) -> None:
+        self.token = token
+        self.encoding = encoding
+        self.timeout_s = timeout_s
+        self.retry = retry
+        self._session: aiohttp.ClientSession | None = None
+        self._closed = False
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        if self._closed:
+            raise RuntimeError("client is closed")
+        if self._session is None:
+            headers = {"User-Agent": USER_AGENT, "Accept": self.encoding.content_type}
+            if self.token:
+                headers["Authorization"] = f"Bearer {self.token}"
+            # Created lazily so that the session belongs to the loop that uses it.
+            self._session = aiohttp.ClientSession(headers=headers, connector=aiohttp.TCPConnector(limit=64))
+        return self._session
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def request(self, base_url: str, method: str, url_path: str, *, body: Any = None,
+                      query: Mapping[str, Any] | None = None, retry: Retry = Retry.SAFE,
+                      extra_timeout_s: float = 0.0) -> Any:
+        """Send, retry per `retry`, and return the decoded answer or raise a `DelaydError`."""
+        target = base_url.rstrip("/") + url_path
+        if query:
+            target += "?" + urlencode({k: v for k, v in query.items() if v is not None})
+        data = None if body is None else dumps(body, self.encoding)
+        headers = {"Content-Type": self.encoding.content_type} if data is not None else {}
+        timeout = aiohttp.ClientTimeout(total=self.timeout_s + extra_timeout_s)
+        attempts = self.retry.attempts if retry is not Retry.NEVER else 1
+        number = 0
+        while True:
+            number += 1
+            try:
+                return await self._once(base_url, method, target, data, headers, timeout)
+            except DelaydError as err:
+                if number >= attempts or not _retryable(err, retry):
+                    raise
+                pause = self.retry.delay_s(number, err.retry_after)
+            await asyncio.sleep(pause)
+
+    async def _once(self, base_url: str, method: str, target: str, data: bytes | None,
+                    headers: dict[str, str], timeout: aiohttp.ClientTimeout) -> Any:
+        session = self._get_session()
+        try:
+            async with session.request(method, yarl.URL(target, encoded=True), data=data, headers=headers,
+                                       timeout=timeout) as resp:
+                raw = await resp.read()
+                status = resp.status
+                ctype = resp.headers.get("Content-Type", "")
+                retry_after = parse_retry_after(resp.headers.get("Retry-After"))
+        except aiohttp.ClientConnectorError as e:
+            raise ConnectionFailed(f"cannot connect to {base_url}: {e}", sent=False, url=base_url) from e
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise ConnectionFailed(f"{method} {target}: {type(e).__name__}: {e}", sent=True, url=base_url) from e
+        if status < 400:
+            try:
+                return loads(raw, ctype)
+            except ProtocolError as e:
+                e.url = base_url
+                raise
+        try:
+            payload = loads(raw, ctype)
+        except ProtocolError:
+            payload = None
+        text = raw[:500].decode("utf-8", "replace").strip() if payload is None else ""
+        raise error_from_response(status, payload, retry_after=retry_after, url=base_url, fallback_text=text)

@@ -1,0 +1,96 @@
+"""The checkpoint: how far every derived structure is known to be complete.
+
+Written atomically (temp file, fsync, rename, fsync of the directory; the one before is kept
+as ``checkpoint.prev``) after the structures it
+describes were flushed. Loaded as a hint: validated in order magic → version → CRC → sanity,
+each failure its own exception, and on any failure recovery falls back to a full rescan.
+
+    offset size  field     type  meaning
+    ------ ----  --------  ----  --------------------------------------------------
+       0     4   magic     u32   CHECKPOINT_MAGIC ("DLCP")
+       4     2   version   u16   CHECKPOINT_VERSION
+       6     2   reserved  u16   0
+       8     4   body_len  u32   length of the msgpack body
+      12     4   crc       u32   crc32 of the body
+      16     …   body      msgpack map, the fields of `Checkpoint` below
+
+Version history: 1 — original.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+from storage.errors import BadMagic, ChecksumMismatch, Insane, UnsupportedVersion
+from storage.segments import fsync_dir
+
+CHECKPOINT_MAGIC = 0x50434C44  # "DLCP" little-endian
+CHECKPOINT_VERSION = 1
+HEADER = struct.Struct("<IHHII")
+
+
+@dataclass(slots=True)
+class Checkpoint:
+    commit_indexed: int = 0  # every commit-log record before this offset is indexed
+    commit_end: int = 0  # commit-log end when taken (sanity: the log must reach it)
+    timerlog_end: int = 0  # TimerLog end when taken; units after it are redone from the log
+    read_time_ms: int = 0  # every wheel slot before this time was fully dispatched
+    next_seq: int = 1  # next message sequence number to hand out
+    ready_ends: dict[str, int] = field(default_factory=dict)  # topic -> ready-queue units written
+    counters: dict[str, Any] = field(default_factory=dict)  # stats totals, per topic
+    schedule: bytes = b""  # zlib'd per-slot pending counts (see broker's schedule index)
+    far_schedule: dict[int, int] = field(default_factory=dict)  # hour -> pending beyond the window
+    groups: dict[str, Any] = field(default_factory=dict)  # "topic/group" -> group state snapshot
+    created_ms: int = 0
+
+
+def save(path: Path, cp: Checkpoint) -> None:
+    body = msgpack.packb(asdict(cp), use_bin_type=True)
+    data = HEADER.pack(CHECKPOINT_MAGIC, CHECKPOINT_VERSION, 0, len(body), zlib.crc32(body)) + body
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    # The previous checkpoint stays as a fallback: it is an older but still valid hint.
+    if path.exists():
+        os.replace(path, previous(path))
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def previous(path: Path) -> Path:
+    return path.with_name(path.name + ".prev")
+
+
+def load(path: Path) -> Checkpoint:
+    """Read and validate; raises FileNotFoundError or a CorruptData subclass."""
+    data = path.read_bytes()
+    if len(data) < HEADER.size:
+        raise BadMagic(f"{path}: {len(data)} bytes, too short for a header")
+    magic, version, _r, body_len, crc = HEADER.unpack_from(data)
+    if magic != CHECKPOINT_MAGIC:
+        raise BadMagic(f"{path}: magic {magic:#x}")
+    if version != CHECKPOINT_VERSION:
+        raise UnsupportedVersion(f"{path}: version {version}")
+    body = data[HEADER.size:HEADER.size + body_len]
+    if len(body) != body_len or zlib.crc32(body) != crc:
+        raise ChecksumMismatch(f"{path}: body crc")
+    try:
+        fields = msgpack.unpackb(body, raw=False, strict_map_key=False)
+        cp = Checkpoint(**fields)
+    except (ValueError, TypeError, msgpack.UnpackException) as e:
+        raise Insane(f"{path}: {e}") from e
+    if min(cp.commit_indexed, cp.commit_end, cp.timerlog_end, cp.next_seq) < 0 \
+            or cp.commit_indexed > cp.commit_end:
+        raise Insane(f"{path}: offsets out of order")
+    return cp

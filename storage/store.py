@@ -1,0 +1,584 @@
+"""The store: every on-disk structure of one data directory, and recovery.
+
+Directory layout::
+
+    LOCK                  flock: one daemon per data directory
+    commitlog/<20 digits> the commit log (storage.commitlog) — the source of truth
+    timerlog/<20 digits>  TimerLog units (storage.timerlog)
+    timerwheel            the TimerWheel (storage.timerwheel)
+    msgtable/<20 digits>  per-message state (storage.msgtable)
+    ready/<topic>/<20 d.> ready queues (storage.readyqueue)
+    checkpoint            storage.checkpoint
+
+The broker's five stages call the synchronous methods here; nothing blocks for long.
+
+Crash consistency in one paragraph: the checkpoint records (C) the commit-log offset below
+which everything is indexed, (T) the TimerLog end at that moment, (R) the wheel time below
+which everything is dispatched, and each ready queue's end. Recovery cuts a torn commit-log
+tail, unlinks TimerLog units at or after T from the wheel and truncates the TimerLog to T,
+marks as delivered what the ready queues hold past the checkpoint, and then re-indexes the
+commit log from C — the same code path as normal operation. The message table makes every
+step idempotent: a unit whose record is no longer the message's current one (it rolled), or
+whose message is delivered or cancelled, is dropped at dispatch.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import time
+import zlib
+from array import array
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from storage import checkpoint as ckpt
+from storage.commitlog import CommitLog, Record, RecordType, ScanReport, encode
+from storage.errors import CorruptData, GeometryMismatch, Insane, StorageError
+from storage.msgtable import MessageState, MessageTable
+from storage.readyqueue import ReadyQueue, tag_hash
+from storage.timerindex import Entry, TimerIndex
+from storage.timerlog import TimerLog, Unit, UnitMagic
+from storage.timerwheel import TimerWheel
+
+log = logging.getLogger("delayd.storage")
+
+HOUR_MS = 3_600_000
+
+# msgtable flag bits: where the message's current unit is counted in the schedule.
+FLAG_SLOT = 1  # counted in the per-slot array (a DEFAULT unit in the window)
+FLAG_FAR = 2  # counted in the hourly far-future map (parked in a ROLL unit)
+BLOCKED = object()  # index(): the next unit would overwrite an undispatched wheel lap
+
+
+@dataclass(frozen=True, slots=True)
+class StoreConfig:
+    precision_ms: int = 1000
+    roll_window_ms: int = 2 * 86_400_000
+    commit_segment_bytes: int = 64 * 1024 * 1024
+    timerlog_segment_units: int = 1 << 20
+    ready_segment_units: int = 1 << 18
+    msgtable_segment_entries: int = 1 << 20
+
+    @property
+    def slot_count(self) -> int:
+        # Twice the window plus margin: a lap is read long before the next one is written.
+        return 2 * self.roll_window_ms // self.precision_ms + 64
+
+
+@dataclass(slots=True)
+class NewMessage:
+    topic: str
+    body: bytes
+    deliver_at: int
+    tag: str | None = None
+    key: str | None = None
+    headers: dict[str, str] | None = None
+
+
+@dataclass(slots=True)
+class Due:
+    """A message leaving the timer: released into its topic's ready queue at `deliver_at`."""
+    deliver_at: int
+    seq: int
+    topic: str
+    commit_offset: int
+    commit_size: int
+    tag_hash: int
+    slot_time: int
+
+
+@dataclass(slots=True)
+class RecoveryReport:
+    checkpoint: str = "none"  # "ok", "none", or why it was rejected
+    commit: ScanReport = field(default_factory=ScanReport)
+    replayed_records: int = 0
+    units_stripped: int = 0
+    timerlog_truncated: int = 0
+    wheel: str = "ok"  # "ok", "rebuilt (<why>)"
+    ready_replayed: int = 0
+    group_events: list[Record] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def line(self) -> str:
+        c = self.commit
+        return (f"recovery done in {self.seconds:.3f}s: checkpoint {self.checkpoint}; commit log "
+                f"{c.records} records scanned, {c.truncated_bytes} bytes truncated, {c.skipped_records} "
+                f"damaged records ({c.skipped_bytes} bytes) skipped; {self.replayed_records} records "
+                f"re-indexed; TimerLog {self.units_stripped} units unlinked, {self.timerlog_truncated} "
+                f"bytes truncated; wheel {self.wheel}; {self.ready_replayed} deliveries replayed")
+
+
+class Store:
+    def __init__(self, data_dir: Path, config: StoreConfig | None = None,
+                 clock_ms: Callable[[], int] | None = None) -> None:
+        self.dir = Path(data_dir)
+        self.cfg = config or StoreConfig()
+        self.clock_ms = clock_ms or (lambda: int(time.time() * 1000))
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = os.open(self.dir / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as e:
+            os.close(self._lock_fd)
+            raise StorageError(f"{self.dir} is in use by another process") from e
+        self.commit = CommitLog(self.dir / "commitlog", self.cfg.commit_segment_bytes)
+        self.msgs = MessageTable(self.dir / "msgtable", self.cfg.msgtable_segment_entries)
+        self.timers: TimerIndex  # opened by recover()
+        self.ready: dict[str, ReadyQueue] = {}
+        for p in sorted((self.dir / "ready").glob("*")) if (self.dir / "ready").exists() else []:
+            self.ready[p.name] = ReadyQueue(p, self.cfg.ready_segment_units)
+        self.next_seq = 1
+        self.indexed = 0  # C: commit-log offset fully indexed
+        self.read_time_ms = 0  # R as of the last checkpoint (lap safety uses the durable one)
+        self.load_time_ms = 0  # D: next slot dequeue-get will load
+        self.slot_counts = array("i", bytes(4 * self.cfg.slot_count))
+        self.far_counts: dict[int, int] = {}
+        self.topic_counts: dict[str, dict[str, int]] = {}
+        self.totals = {"produced": 0, "delivered": 0, "cancelled": 0, "rolled": 0}
+        self.groups_snapshot: dict[str, Any] = {}
+        self.topic_names: dict[int, str] = {}
+        self._full = False  # a full rescan: each message's current record counts as first indexed
+        self.late: list[Due] = []  # indexed into a slot already loaded: dequeue-put takes them directly
+
+    # ---------------------------------------------------------------------------------- recovery
+    def recover(self) -> RecoveryReport:
+        t0 = time.monotonic()
+        rep = RecoveryReport()
+        cp = self._load_checkpoint(rep)
+        start = cp.commit_indexed if cp else self.commit.start
+        rep.commit = self.commit.recover(start)
+
+        wheel_path = self.dir / "timerwheel"
+        tlog = TimerLog(self.dir / "timerlog", self.cfg.timerlog_segment_units)
+        try:
+            wheel = TimerWheel(wheel_path, self.cfg.precision_ms, self.cfg.slot_count)
+        except (GeometryMismatch, CorruptData) as e:
+            aside = wheel_path.with_name(f"timerwheel.bad-{int(time.time())}")
+            wheel_path.rename(aside)
+            log.warning("TimerWheel unusable (%s); moved to %s and rebuilding", e, aside.name)
+            wheel = TimerWheel(wheel_path, self.cfg.precision_ms, self.cfg.slot_count)
+            rep.wheel = f"rebuilt ({type(e).__name__})"
+        self.timers = TimerIndex(tlog, wheel)
+
+        now = self.clock_ms()
+        if cp is not None:
+            self._restore(cp)
+            if rep.wheel == "ok" and (wheel.created or self.timers.check_slots()):
+                rep.wheel = "rebuilt (missing)" if wheel.created else "rebuilt (damaged slots)"
+            if rep.wheel == "ok":
+                rep.units_stripped = self.timers.strip_after(cp.timerlog_end)
+            else:
+                self._rebuild_wheel(cp.timerlog_end)
+            rep.timerlog_truncated = tlog.truncate(cp.timerlog_end)
+        else:
+            # No usable checkpoint: every derived structure is rebuilt from the commit log.
+            tlog.files.reset(tlog.end)
+            wheel.reset()
+            self.read_time_ms = self.load_time_ms = self.timers.wheel.slot_time(now)
+            if rep.wheel == "ok" and not wheel.created:
+                rep.wheel = "rebuilt (no checkpoint)"
+        self.indexed = start
+
+        # Deliveries past the checkpoint: the ready queues are their record.
+        ends = cp.ready_ends if cp else {}
+        for topic, q in self.ready.items():
+            for u in q.scan(ends.get(topic, 0)):
+                st, off, size, roll = self.msgs.get(u.seq)
+                if st != MessageState.DELIVERED:
+                    self.msgs.set(u.seq, MessageState.DELIVERED, off if off >= 0 else u.commit_offset,
+                                  size or u.commit_size, roll)
+                    if cp is not None:
+                        self._count(topic, "scheduled", -1)
+                    self._count(topic, "delivered_total", 1)
+                    self.totals["delivered"] += 1
+                rep.ready_replayed += 1
+
+        # Without a checkpoint the message table is first brought up to date from the whole log,
+        # so that indexing below sees each message's final record and state.
+        self._full = cp is None
+        if self._full:
+            for rec in self.commit.scan(start):
+                self._rebuild_message_state(rec)
+        # Re-index the commit log from C: the normal enqueue path, batch by batch.
+        batch: list[Record] = []
+        for rec in self.commit.scan(start):
+            self.next_seq = max(self.next_seq, rec.seq + 1)
+            if rec.type == RecordType.GROUP:
+                rep.group_events.append(rec)
+            batch.append(rec)
+            if len(batch) >= 4096:
+                rep.replayed_records += self.index(batch, now)
+                batch = []
+        if batch:
+            rep.replayed_records += self.index(batch, now)
+        self._full = False
+        self.late.clear()  # recovered units sit in slot R, which dequeue-get loads first anyway
+        self.indexed = self.commit.end
+        rep.seconds = time.monotonic() - t0
+        return rep
+
+    def _load_checkpoint(self, rep: RecoveryReport) -> ckpt.Checkpoint | None:
+        """The newest valid checkpoint (current, else the previous one), or None."""
+        problems = []
+        for path in (self.dir / "checkpoint", ckpt.previous(self.dir / "checkpoint")):
+            try:
+                cp = ckpt.load(path)
+                if cp.commit_end > self.commit.end:
+                    raise Insane(f"expects a commit log of {cp.commit_end} bytes, found {self.commit.end}")
+                if cp.commit_indexed < self.commit.start:
+                    raise Insane("points before the oldest commit-log segment")
+            except FileNotFoundError:
+                continue
+            except CorruptData as e:
+                problems.append(f"{path.name}: {type(e).__name__}: {e}")
+                log.warning("checkpoint %s rejected: %s", path.name, e)
+                continue
+            rep.checkpoint = "ok" if not problems else f"fell back to {path.name} ({'; '.join(problems)})"
+            return cp
+        rep.checkpoint = f"rejected ({'; '.join(problems)}); full rescan" if problems else "none"
+        return None
+
+    def _restore(self, cp: ckpt.Checkpoint) -> None:
+        self.next_seq = cp.next_seq
+        self.read_time_ms = self.load_time_ms = cp.read_time_ms
+        self.totals.update(cp.counters.get("totals", {}))
+        self.topic_counts = {t: dict(c) for t, c in cp.counters.get("topics", {}).items()}
+        for t in self.topic_counts:
+            self.topic_names[zlib.crc32(t.encode())] = t
+        if cp.schedule:
+            raw = zlib.decompress(cp.schedule)
+            if len(raw) == 4 * self.cfg.slot_count:
+                self.slot_counts = array("i", raw)
+        self.far_counts = dict(cp.far_schedule)
+        self.groups_snapshot = cp.groups
+
+    def _rebuild_wheel(self, timerlog_end: int) -> None:
+        units = (u for u in self.timers.log.scan(self.timers.log.start, timerlog_end))
+        self.timers.rebuild(units, self.read_time_ms)
+
+    def _rebuild_message_state(self, rec: Record) -> None:
+        st, off, _s, roll = self.msgs.get(rec.seq)
+        if rec.type == RecordType.MESSAGE:
+            self._count(rec.topic, "produced_total", 1)
+            self.totals["produced"] += 1
+            if st == MessageState.UNKNOWN:
+                self.msgs.set(rec.seq, MessageState.SCHEDULED, rec.offset, rec.size, 0)
+        elif rec.type == RecordType.ROLL and st in (MessageState.UNKNOWN, MessageState.SCHEDULED) \
+                and rec.roll_count >= roll:
+            self.msgs.set(rec.seq, MessageState.SCHEDULED, rec.offset, rec.size, rec.roll_count)
+        elif rec.type == RecordType.CANCEL and st != MessageState.DELIVERED:
+            self.msgs.set_state(rec.seq, MessageState.CANCELLED)
+
+    # ---------------------------------------------------------------------------------- produce
+    def append_messages(self, msgs: list[NewMessage], now_ms: int) -> list[int]:
+        """Append messages (not yet durable: call flush) and return their sequence numbers."""
+        first = self.next_seq
+        recs = [encode(Record(RecordType.MESSAGE, first + i, m.topic, m.body, m.deliver_at, now_ms, 0,
+                              m.tag, m.key, m.headers)) for i, m in enumerate(msgs)]
+        offsets = self.commit.append(recs)
+        self.next_seq = first + len(msgs)
+        self.msgs.set_run(first, [(MessageState.SCHEDULED, off, len(r), 0) for off, r in zip(offsets, recs, strict=True)])
+        for m in msgs:
+            self._count(m.topic, "produced_total", 1)
+        self.totals["produced"] += len(msgs)
+        return list(range(first, first + len(msgs)))
+
+    def append_cancel(self, seq: int, topic: str) -> None:
+        """Log the cancel, then mark the message cancelled (dispatch checks the mark). If the
+        append fails (disk full) nothing changed."""
+        self.commit.append([encode(Record(RecordType.CANCEL, seq, topic, produced_at=self.clock_ms()))])
+        self.msgs.set_state(seq, MessageState.CANCELLED)
+
+    def append_group_event(self, topic: str, group: str, body: bytes) -> None:
+        self.commit.append([encode(Record(RecordType.GROUP, 0, topic, body, key=group,
+                                          produced_at=self.clock_ms()))])
+
+    def flush_commit(self) -> None:
+        self.commit.flush()
+
+    def commit_handles(self) -> list[int]:
+        """fds to fsync (with storage.segments.fsync_all, possibly in a thread) to make every
+        append so far durable: the broker's group commit."""
+        return self.commit.files.dirty_handles()
+
+    def state(self, seq: int) -> tuple[MessageState, int, int, int]:
+        return self.msgs.get(seq)
+
+    def read_record(self, offset: int, size: int = 0) -> Record:
+        return self.commit.read(offset, size)
+
+    # ---------------------------------------------------------------------------------- enqueue
+    def read_records(self, pos: int, max_records: int) -> tuple[list[Record], int]:
+        """enqueue-get: up to `max_records` records from `pos`, and the position after them."""
+        out = []
+        for rec in self.commit.scan(pos, verify=False):
+            out.append(rec)
+            pos = rec.offset + rec.size
+            if len(out) >= max_records:
+                break
+        return out, pos
+
+    def index(self, records: list[Record], now_ms: int) -> int:
+        """enqueue-put: index records in log order. Returns how many were consumed; stops early
+        (returning fewer) when a unit would overwrite a wheel lap not yet dispatched."""
+        entries: list[Entry] = []
+        done = 0
+        for rec in records:
+            if rec.type == RecordType.MESSAGE or rec.type == RecordType.ROLL:
+                entry = self._entry_for(rec, now_ms)
+                if entry is BLOCKED:
+                    break
+                if isinstance(entry, Entry):
+                    entries.append(entry)
+            elif rec.type == RecordType.CANCEL:
+                self._on_cancel_record(rec)
+            done += 1
+        if entries:
+            self.timers.add(entries, now_ms)
+        if done:
+            last = records[done - 1]
+            self.indexed = max(self.indexed, last.offset + last.size)
+        return done
+
+    def _entry_for(self, rec: Record, now_ms: int) -> Entry | object | None:
+        """The unit to write for a message record; None to skip it, BLOCKED to stop the batch."""
+        st, off, size, roll = self.msgs.get(rec.seq)
+        th = self._topic_hash(rec.topic)
+        first = rec.type == RecordType.MESSAGE or self._full
+        if self._full:
+            if st != MessageState.SCHEDULED or off != rec.offset:
+                return None
+            self._count(rec.topic, "scheduled", 1)
+        elif rec.type == RecordType.MESSAGE:
+            if st == MessageState.CANCELLED:
+                self._set_flags(rec.seq, 0)  # never counted (see module notes)
+                return None
+            if st == MessageState.DELIVERED or off != rec.offset:
+                return None
+            self._count(rec.topic, "scheduled", 1)
+        else:  # a roll copy: current only if the table points at it (or is about to)
+            if st != MessageState.SCHEDULED:
+                return None
+            if off != rec.offset:
+                if rec.roll_count < roll:
+                    return None
+                self.msgs.set(rec.seq, MessageState.SCHEDULED, rec.offset, rec.size, rec.roll_count)
+        d = self.load_time_ms
+        base = max(now_ms, d)  # never roll into a slot that is already behind the reader
+        window_end = base + self.cfg.roll_window_ms
+        if rec.deliver_at > window_end:
+            remain = rec.deliver_at - window_end
+            fire = base + (self.cfg.roll_window_ms // 2 if remain < self.cfg.roll_window_ms // 3
+                           else self.cfg.roll_window_ms)
+            magic = UnitMagic.ROLL
+        else:
+            fire = rec.deliver_at
+            magic = UnitMagic.DEFAULT
+        fire = max(fire, d)
+        if not self.timers.safe_to_write(fire, self.read_time_ms):
+            return BLOCKED
+        if magic == UnitMagic.ROLL:
+            if first:
+                self._far_add(rec.deliver_at, 1)
+            self._set_flags(rec.seq, FLAG_FAR)
+        else:
+            if not first:
+                self._far_add(rec.deliver_at, -1)
+            if rec.deliver_at >= d:
+                self.slot_counts[self._slot_index(rec.deliver_at)] += 1
+                self._set_flags(rec.seq, FLAG_SLOT)
+            else:
+                # Its slot was already loaded: the unit goes into the next slot (the durable path),
+                # and the message also goes straight to dequeue-put so it is not a slot late.
+                self._set_flags(rec.seq, 0)
+                self.late.append(Due(rec.deliver_at, rec.seq, rec.topic, rec.offset, rec.size,
+                                     tag_hash(rec.tag), self.timers.wheel.slot_time(fire)))
+        return Entry(fire, magic, rec.offset, rec.size, th, rec.seq)
+
+    def _on_cancel_record(self, rec: Record) -> None:
+        flags = self._flags(rec.seq)
+        if flags & FLAG_FAR:
+            st, off, size, roll = self.msgs.get(rec.seq)
+            try:
+                deliver_at = self.commit.read(off, size).deliver_at
+                self._far_add(deliver_at, -1)
+            except (StorageError, CorruptData):
+                pass
+        elif flags & FLAG_SLOT:
+            st, off, size, roll = self.msgs.get(rec.seq)
+            try:
+                target = self.commit.read(off, size).deliver_at
+            except (StorageError, CorruptData):
+                target = -1
+            if target >= self.load_time_ms:
+                i = self._slot_index(target)
+                self.slot_counts[i] = max(0, self.slot_counts[i] - 1)
+                # RIP-43's cancel marker; dispatch also checks the table, which is what makes
+                # a cancel that races the slot still win.
+                self.timers.add([Entry(target, UnitMagic.DELETE, off, size, self._topic_hash(rec.topic),
+                                       rec.seq)], self.clock_ms())
+        if flags:
+            self._count(rec.topic, "scheduled", -1)
+        self._count(rec.topic, "cancelled_total", 1)
+        self.totals["cancelled"] += 1
+
+    def _flags(self, seq: int) -> int:
+        seg, idx = divmod(seq, self.msgs.segment_entries)
+        raw = os.pread(self.msgs._fd(seg), 1, idx * 16 + 1)
+        return raw[0] if raw else 0
+
+    def _set_flags(self, seq: int, flags: int) -> None:
+        seg, idx = divmod(seq, self.msgs.segment_entries)
+        os.pwrite(self.msgs._fd(seg), bytes((flags,)), idx * 16 + 1)
+
+    def _far_add(self, deliver_at: int, n: int) -> None:
+        h = deliver_at // HOUR_MS
+        v = self.far_counts.get(h, 0) + n
+        if v > 0:
+            self.far_counts[h] = v
+        else:
+            self.far_counts.pop(h, None)
+
+    def _slot_index(self, t: int) -> int:
+        return t // self.cfg.precision_ms % self.cfg.slot_count
+
+    def _topic_hash(self, topic: str) -> int:
+        h = zlib.crc32(topic.encode())
+        self.topic_names.setdefault(h, topic)
+        return h
+
+    def _count(self, topic: str, name: str, n: int) -> None:
+        c = self.topic_counts.get(topic)
+        if c is None:
+            c = self.topic_counts[topic] = {"scheduled": 0, "produced_total": 0, "delivered_total": 0,
+                                            "cancelled_total": 0}
+            self._topic_hash(topic)
+        c[name] = c.get(name, 0) + n
+
+    @property
+    def scheduled(self) -> int:
+        return sum(c["scheduled"] for c in self.topic_counts.values())
+
+    # ---------------------------------------------------------------------------------- dequeue
+    def take_late(self) -> list[Due]:
+        late, self.late = self.late, []
+        return late
+
+    def load_slot(self, slot_time: int) -> list[Unit]:
+        """dequeue-get: take slot `slot_time` (must be the next one) out of the wheel."""
+        try:
+            units = self.timers.due(slot_time)
+        except CorruptData as e:
+            # A chain that does not hold together: the TimerLog is the truth, rebuild from it.
+            log.error("TimerWheel slot %d damaged (%s); rebuilding the wheel from the TimerLog", slot_time, e)
+            self.timers.rebuild(self.timers.log.scan(self.timers.log.start), slot_time)
+            units = self.timers.due(slot_time)
+        self.slot_counts[self._slot_index(slot_time)] = 0
+        self.load_time_ms = slot_time + self.cfg.precision_ms
+        return units
+
+    def resolve(self, unit: Unit, slot_time: int) -> Due | Record | None:
+        """dequeue-get-message: a Due to release, a Record to roll forward, or None (dropped:
+        cancelled, already delivered, or a stale unit of a message that rolled since)."""
+        st, off, size, roll = self.msgs.get(unit.seq)
+        if st != MessageState.SCHEDULED or off != unit.commit_offset:
+            return None
+        if unit.magic & UnitMagic.ROLL:
+            return self.commit.read(off, size)
+        rec = self.commit.read(off, size)
+        return Due(rec.deliver_at, rec.seq, rec.topic, off, size, tag_hash(rec.tag), slot_time)
+
+    def roll_forward(self, rec: Record) -> None:
+        """Re-append a far message so the old segment is not pinned; enqueue indexes the copy."""
+        rec.type = RecordType.ROLL
+        rec.roll_count += 1
+        self.commit.append([encode(rec)])
+        self.totals["rolled"] += 1
+
+    def release(self, items: list[Due], now_ms: int) -> list[Due]:
+        """dequeue-put: make due messages visible. Checks the state once more, so a cancel that
+        arrived while the message was in the pipeline still wins. Returns what was released."""
+        by_topic: dict[str, list[Due]] = {}
+        for d in items:
+            st, off, _s, _r = self.msgs.get(d.seq)
+            if st == MessageState.SCHEDULED and off == d.commit_offset:
+                by_topic.setdefault(d.topic, []).append(d)
+        out = []
+        for topic, ds in by_topic.items():
+            q = self.queue(topic)
+            q.append([(d.commit_offset, d.commit_size, d.tag_hash, d.deliver_at, now_ms, d.seq) for d in ds])
+            for d in ds:
+                self.msgs.set_state(d.seq, MessageState.DELIVERED)
+            self._count(topic, "scheduled", -len(ds))
+            self._count(topic, "delivered_total", len(ds))
+            self.totals["delivered"] += len(ds)
+            out.extend(ds)
+        return out
+
+    def queue(self, topic: str) -> ReadyQueue:
+        q = self.ready.get(topic)
+        if q is None:
+            q = self.ready[topic] = ReadyQueue(self.dir / "ready" / topic, self.cfg.ready_segment_units)
+        return q
+
+    # ---------------------------------------------------------------------------------- schedule
+    def schedule(self, start: int, end: int, step: int) -> list[list[int]]:
+        """Pending messages per [t, t+step) bucket: exact per slot inside the wheel, per hour
+        beyond it (far messages are counted by the hour of their due time)."""
+        n = (end - start + step - 1) // step
+        buckets = [[start + i * step, 0] for i in range(n)]
+        p = self.cfg.precision_ms
+        lo = max(start, self.load_time_ms)
+        hi = min(end, self.load_time_ms + self.timers.wheel.span_ms)
+        t = lo - lo % p
+        while t < hi:
+            c = self.slot_counts[self._slot_index(t)]
+            if c and t >= start:
+                buckets[(t - start) // step][1] += c
+            t += p
+        for h, c in self.far_counts.items():
+            t = max(h * HOUR_MS, start)
+            if t < end and t < (h + 1) * HOUR_MS:
+                buckets[(t - start) // step][1] += c
+        return buckets
+
+    # ---------------------------------------------------------------------------------- checkpoint
+    def checkpoint(self, read_time_ms: int, groups: dict[str, Any]) -> None:
+        """Flush every derived structure, then record how far each is complete."""
+        self.timers.flush()
+        self.msgs.flush()
+        for q in self.ready.values():
+            q.flush()
+        self.commit.flush()
+        cp = ckpt.Checkpoint(
+            commit_indexed=self.indexed, commit_end=self.commit.end, timerlog_end=self.timers.log.end,
+            read_time_ms=read_time_ms, next_seq=self.next_seq,
+            ready_ends={t: q.end for t, q in self.ready.items()},
+            counters={"totals": dict(self.totals), "topics": self.topic_counts},
+            schedule=zlib.compress(self.slot_counts.tobytes(), 1), far_schedule=self.far_counts,
+            groups=groups, created_ms=self.clock_ms())
+        ckpt.save(self.dir / "checkpoint", cp)
+        self.read_time_ms = read_time_ms
+
+    # ---------------------------------------------------------------------------------- retention
+    def disk_bytes(self) -> int:
+        total = self.commit.disk_bytes() + self.timers.log.files.disk_bytes() + self.msgs.disk_bytes()
+        total += sum(q.disk_bytes() for q in self.ready.values())
+        for name in ("timerwheel", "checkpoint"):
+            p = self.dir / name
+            if p.exists():
+                total += p.stat().st_size
+        return total
+
+    def close(self) -> None:
+        self.commit.close()
+        if hasattr(self, "timers"):
+            self.timers.close()
+        self.msgs.close()
+        for q in self.ready.values():
+            q.close()
+        os.close(self._lock_fd)

@@ -1,0 +1,163 @@
+"""TimerLog + TimerWheel working together: the RIP-43 index of what fires when.
+
+`add` appends units and links each into its slot's chain; `due` walks one slot and applies
+the slot's DELETE markers; `strip_after` and `rebuild` are the two recovery moves:
+strip undoes every unit past a position (the TimerLog tail that is redone from the commit
+log), rebuild recreates a lost or damaged wheel from the TimerLog alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from storage.errors import Insane
+from storage.timerlog import NO_POS, UNIT_SIZE, TimerLog, Unit, UnitMagic, pack_unit
+from storage.timerwheel import TimerWheel
+
+
+@dataclass(slots=True, frozen=True)
+class Entry:
+    """What enqueue-put asks to index: a unit that fires at `fire_time`."""
+    fire_time: int
+    magic: UnitMagic
+    commit_offset: int
+    commit_size: int
+    topic_hash: int
+    seq: int
+
+
+class TimerIndex:
+    def __init__(self, timerlog: TimerLog, wheel: TimerWheel) -> None:
+        self.log = timerlog
+        self.wheel = wheel
+
+    @classmethod
+    def open(cls, directory: Path, precision_ms: int, slot_count: int,
+             segment_units: int = 1 << 20) -> TimerIndex:
+        return cls(TimerLog(directory / "timerlog", segment_units),
+                   TimerWheel(directory / "timerwheel", precision_ms, slot_count))
+
+    def add(self, entries: list[Entry], now_ms: int) -> None:
+        """Append units for `entries` and update their slots. Batches never cross a segment."""
+        i = 0
+        while i < len(entries):
+            room = self.log.room_units()
+            chunk = entries[i:i + room]
+            self._add_chunk(chunk, now_ms)
+            i += len(chunk)
+
+    def _add_chunk(self, entries: list[Entry], now_ms: int) -> None:
+        wheel = self.wheel
+        base = self.log.end
+        slots: dict[int, list[int]] = {}  # slot_time -> [first, last, num, magic]
+        parts = []
+        pos = base
+        for e in entries:
+            st = wheel.slot_time(e.fire_time)
+            s = slots.get(st)
+            if s is None:
+                cur = wheel.get(st)
+                s = slots[st] = [cur.first_pos, cur.last_pos, cur.num, cur.magic]
+            parts.append(pack_unit(s[1], e.magic, now_ms, e.fire_time, e.commit_offset, e.commit_size,
+                                   e.topic_hash, e.seq))
+            if s[2] == 0:
+                s[0] = pos
+            s[1] = pos
+            s[2] += 1
+            s[3] |= e.magic
+            pos += UNIT_SIZE
+        # The units go to disk before the slots point at them: a crash in between leaves
+        # unreferenced units (harmless), never a slot pointing at nothing.
+        self.log.append(b"".join(parts))
+        for st, (first, last, num, magic) in slots.items():
+            wheel.put(st, first, last, num, magic)
+
+    def due(self, slot_time: int) -> list[Unit]:
+        """The live units of one slot: DELETE markers applied, oldest first."""
+        slot = self.wheel.get(slot_time)
+        if slot.empty:
+            return []
+        units = list(self.chain(slot_time, slot.last_pos))
+        deleted = {u.seq for u in units if u.magic & UnitMagic.DELETE}
+        live = [u for u in units if not u.magic & UnitMagic.DELETE and u.seq not in deleted]
+        live.reverse()
+        return live
+
+    def chain(self, slot_time: int, last_pos: int) -> Iterator[Unit]:
+        """Walk a chain, checking every unit belongs to this slot (damage shows up here)."""
+        for unit in self.log.chain(last_pos):
+            if self.wheel.slot_time(unit.fire_time) != slot_time:
+                raise Insane(f"unit at {unit.pos} fires at {unit.fire_time}, not in slot {slot_time}")
+            yield unit
+
+    def safe_to_write(self, fire_time: int, read_time_ms: int) -> bool:
+        """A slot may take a new lap only after the previous lap was dispatched (RIP-43's
+        'a wheel longer than its window loses messages' bug is a lap overwritten unread)."""
+        return fire_time - self.wheel.span_ms < read_time_ms
+
+    # -- recovery -------------------------------------------------------------------------------
+    def check_slots(self) -> int:
+        """Count slots whose fields cannot be right (the wheel then has to be rebuilt)."""
+        bad = 0
+        end, start = self.log.end, self.log.start
+        for s in self.wheel.slots():
+            if (s.time % self.wheel.precision_ms or s.num < 0 or s.last_pos % UNIT_SIZE
+                    or not start <= s.last_pos < end or not start <= s.first_pos <= s.last_pos):
+                bad += 1
+        return bad
+
+    def strip_after(self, pos: int) -> int:
+        """Unlink every unit at or after `pos` from its slot; returns the units unlinked.
+
+        Used before truncating the TimerLog to the checkpoint: those units are redone from
+        the commit log, so the wheel must not keep pointing at them.
+        """
+        removed = 0
+        for s in list(self.wheel.slots()):
+            if s.last_pos < pos:
+                continue
+            last, num, n = s.last_pos, s.num, 0
+            while last != NO_POS and last >= pos:
+                last = self.log.read(last).prev_pos
+                n += 1
+            removed += n
+            if last == NO_POS or num - n <= 0:
+                self.wheel.clear(s.time)
+            else:
+                self.wheel.put(s.time, s.first_pos, last, num - n, s.magic)
+        return removed
+
+    def rebuild(self, units: Iterable[Unit], read_time_ms: int) -> int:
+        """Recreate the wheel from TimerLog units (in log order) that fire at or after
+        `read_time_ms`; returns how many units were linked."""
+        self.wheel.reset()
+        slots: dict[int, list[int]] = {}
+        n = 0
+        for u in units:
+            st = self.wheel.slot_time(u.fire_time)
+            if st < self.wheel.slot_time(read_time_ms):
+                continue
+            s = slots.get(st)
+            if s is None or u.prev_pos != s[1]:
+                # The chain as written is the truth: a unit starting a new chain resets the slot.
+                if u.prev_pos == NO_POS or s is None:
+                    s = slots[st] = [u.pos, u.pos, 0, 0]
+                else:
+                    continue
+            s[1] = u.pos
+            s[2] += 1
+            s[3] |= u.magic
+            n += 1
+        for st, (first, last, num, magic) in slots.items():
+            self.wheel.put(st, first, last, num, magic)
+        return n
+
+    def flush(self) -> None:
+        self.log.flush()
+        self.wheel.flush()
+
+    def close(self) -> None:
+        self.log.close()
+        self.wheel.close()

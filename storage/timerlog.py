@@ -1,0 +1,150 @@
+"""The TimerLog (RIP-43): append-only 52-byte units, one per scheduled (or cancelled) entry.
+
+Units of one wheel slot form a chain through `prev_pos`, newest first, starting at the
+slot's `last_pos`. Segments hold a whole number of units, so no unit ever spans two files
+and no blank filler is needed at a segment end.
+
+    offset size  field          type  meaning
+    ------ ----  -------------  ----  ------------------------------------------------------
+       0     4   size           u32   UNIT_SIZE (52); anything else means damage
+       4     8   prev_pos       i64   previous unit of the same slot lap, -1 for the first
+      12     4   magic          u32   UnitMagic bits (DEFAULT, ROLL, DELETE)
+      16     8   enqueue_time   i64   epoch ms when this unit was written
+      24     4   delay          i32   fire time − enqueue_time, ms (fire time picks the slot)
+      28     8   commit_offset  i64   commit-log record this unit indexes
+      36     4   commit_size    u32   that record's length
+      40     4   topic_hash     u32   crc32 of the topic, for per-topic counts
+      44     8   seq            u64   message sequence (RIP-43's reserved field): cancels and
+                                      duplicate checks need no commit-log read
+
+Version history: 1 — original (the TimerLog directory has no header; the checkpoint's
+version covers it).
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from storage.errors import Insane
+from storage.segments import SegmentedFile
+
+UNIT = struct.Struct("<IqIqiqIIQ")
+UNIT_SIZE = UNIT.size  # 52
+assert UNIT_SIZE == 52
+NO_POS = -1
+
+
+class UnitMagic(enum.IntFlag):
+    DEFAULT = 1  # deliver the message when the unit fires
+    ROLL = 2  # the message is due beyond the window: re-append it when the unit fires
+    DELETE = 4  # a cancel marker: the unit with the same seq in this slot is dropped
+
+
+@dataclass(slots=True, frozen=True)
+class Unit:
+    pos: int
+    prev_pos: int
+    magic: UnitMagic
+    enqueue_time: int
+    delay: int
+    commit_offset: int
+    commit_size: int
+    topic_hash: int
+    seq: int
+
+    @property
+    def fire_time(self) -> int:
+        return self.enqueue_time + self.delay
+
+
+def pack_unit(prev_pos: int, magic: int, enqueue_time: int, fire_time: int, commit_offset: int,
+              commit_size: int, topic_hash: int, seq: int) -> bytes:
+    return UNIT.pack(UNIT_SIZE, prev_pos, magic, enqueue_time, fire_time - enqueue_time, commit_offset,
+                     commit_size, topic_hash, seq)
+
+
+def unpack_unit(buf: bytes | memoryview, at: int, pos: int) -> Unit:
+    size, prev, magic, enq, delay, off, csize, th, seq = UNIT.unpack_from(buf, at)
+    if size != UNIT_SIZE or prev >= pos or prev < NO_POS or not 0 < magic < 8 or off < 0:
+        raise Insane(f"damaged TimerLog unit at {pos}")
+    return Unit(pos, prev, UnitMagic(magic), enq, delay, off, csize, th, seq)
+
+
+class TimerLog:
+    """Segmented append-only array of units; a position is a global byte offset."""
+
+    def __init__(self, directory: Path, segment_units: int = 1 << 20) -> None:
+        self.files = SegmentedFile(Path(directory), segment_units * UNIT_SIZE, unit=UNIT_SIZE)
+        tail = self.files.end % UNIT_SIZE
+        if tail:  # a torn unit from an interrupted write
+            self.files.truncate(self.files.end - tail)
+
+    @property
+    def end(self) -> int:
+        return self.files.end
+
+    @property
+    def start(self) -> int:
+        return self.files.start
+
+    def append(self, units: bytes) -> int:
+        """Append packed units (a multiple of UNIT_SIZE) and return the first one's position.
+
+        Callers chain `prev_pos` themselves, so a batch must not cross a segment: use
+        `room_units()` to size batches.
+        """
+        return self.files.append(units)
+
+    def room_units(self) -> int:
+        room = self.files.remaining() // UNIT_SIZE
+        if room == 0:
+            self.files.roll()
+            room = self.files.remaining() // UNIT_SIZE
+        return room
+
+    def read(self, pos: int) -> Unit:
+        if pos < self.files.start or pos + UNIT_SIZE > self.files.end or pos % UNIT_SIZE:
+            raise Insane(f"TimerLog position {pos} outside [{self.files.start}, {self.files.end})")
+        return unpack_unit(self.files.read(pos, UNIT_SIZE), 0, pos)
+
+    def chain(self, last_pos: int) -> Iterator[Unit]:
+        """Walk a slot's chain from its newest unit back to the first."""
+        pos = last_pos
+        while pos != NO_POS:
+            unit = self.read(pos)
+            yield unit
+            pos = unit.prev_pos
+
+    def scan(self, start: int, end: int | None = None) -> Iterator[Unit]:
+        stop = self.files.end if end is None else end
+        pos = max(start, self.files.start)
+        pos -= pos % UNIT_SIZE
+        while pos < stop:
+            base = self.files.segment_of(pos)
+            n = min(stop, self.files.segment_end(base), pos + 8192 * UNIT_SIZE) - pos
+            if n <= 0:
+                later = [b for b in self.files.bases if b > base]
+                if not later:
+                    return
+                pos = later[0]
+                continue
+            buf = self.files.read(pos, n)
+            for i in range(0, len(buf) - UNIT_SIZE + 1, UNIT_SIZE):
+                yield unpack_unit(buf, i, pos + i)
+            pos += len(buf) - len(buf) % UNIT_SIZE
+
+    def truncate(self, pos: int) -> int:
+        return self.files.truncate(pos)
+
+    def flush(self) -> None:
+        self.files.flush()
+
+    def delete_before(self, pos: int) -> list[int]:
+        return self.files.delete_before(pos)
+
+    def close(self) -> None:
+        self.files.close()

@@ -1,0 +1,168 @@
+"""The TimerWheel (RIP-43): a memory-mapped array of 32-byte slots over the TimerLog.
+
+File layout: one 32-byte header, then `slot_count` slots.
+
+Header (version 1):
+
+    offset size  field         type  meaning
+    ------ ----  ------------  ----  -------------------------------------------------
+       0     4   magic         u32   WHEEL_MAGIC ("DLWH")
+       4     2   version       u16   WHEEL_VERSION
+       6     2   reserved      u16   0
+       8     4   precision_ms  u32   slot width
+      12     4   slot_count    u32   number of slots
+      16     8   created_ms    i64   creation time, for humans
+      24     4   crc           u32   crc32 of bytes [0, 24)
+      28     4   reserved      u32   0
+
+Slot:
+
+    offset size  field      type  meaning
+    ------ ----  ---------  ----  ----------------------------------------------------------
+       0     8   slot_time  i64   start of the slot (ms); a slot whose time differs from the one
+                                  asked for belongs to another lap and reads as empty
+       8     8   first_pos  i64   first TimerLog unit of this slot lap
+      16     8   last_pos   i64   newest unit; the chain runs back from it via prev_pos
+      24     4   num        i32   units in the chain
+      28     4   magic      u32   union of the chain's UnitMagic bits
+
+Slot index = slot_time // precision_ms % slot_count. The wheel must span at least twice the
+roll window so that a lap is read before the next one is written (see `safe_to_write`).
+Version history: 1 — original.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import time
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from storage.errors import BadMagic, ChecksumMismatch, GeometryMismatch, UnsupportedVersion
+
+WHEEL_MAGIC = 0x484C5744  # "DLWH" little-endian
+WHEEL_VERSION = 1
+HEADER = struct.Struct("<IHHIIqII")
+SLOT = struct.Struct("<qqqiI")
+SLOT_SIZE = SLOT.size
+assert HEADER.size == 32 and SLOT_SIZE == 32
+
+
+@dataclass(slots=True, frozen=True)
+class Slot:
+    time: int
+    first_pos: int
+    last_pos: int
+    num: int
+    magic: int
+
+    @property
+    def empty(self) -> bool:
+        return self.num == 0
+
+
+def empty_slot(t: int) -> Slot:
+    return Slot(t, -1, -1, 0, 0)
+
+
+class TimerWheel:
+    def __init__(self, path: Path, precision_ms: int, slot_count: int) -> None:
+        self.path = Path(path)
+        self.precision_ms = precision_ms
+        self.slot_count = slot_count
+        size = HEADER.size + slot_count * SLOT_SIZE
+        fresh = not self.path.exists() or self.path.stat().st_size == 0
+        if fresh:
+            with open(self.path, "wb") as f:
+                f.truncate(size)
+                created_ms = int(time.time() * 1000)  # once: the CRC must cover the value written
+                head = HEADER.pack(WHEEL_MAGIC, WHEEL_VERSION, 0, precision_ms, slot_count, created_ms, 0, 0)
+                f.write(HEADER.pack(WHEEL_MAGIC, WHEEL_VERSION, 0, precision_ms, slot_count, created_ms,
+                                    zlib.crc32(head[:24]), 0))
+                f.flush()
+                os.fsync(f.fileno())
+        else:
+            self._validate(size)
+        self._fd = os.open(self.path, os.O_RDWR)
+        self._mm = mmap.mmap(self._fd, size)
+        self.created = fresh
+
+    def _validate(self, size: int) -> None:
+        with open(self.path, "rb") as f:
+            head = f.read(HEADER.size)
+        if len(head) < HEADER.size:
+            raise BadMagic(f"{self.path}: header cut short")
+        magic, version, _r, precision, count, _created, crc, _r2 = HEADER.unpack(head)
+        if magic != WHEEL_MAGIC:
+            raise BadMagic(f"{self.path}: magic {magic:#x}")
+        if version != WHEEL_VERSION:
+            raise UnsupportedVersion(f"{self.path}: version {version}")
+        if zlib.crc32(head[:24]) != crc:
+            raise ChecksumMismatch(f"{self.path}: header crc")
+        if (precision, count) != (self.precision_ms, self.slot_count):
+            raise GeometryMismatch(f"{self.path}: built for precision {precision} ms x {count} slots, "
+                                   f"configured {self.precision_ms} ms x {self.slot_count}")
+        if self.path.stat().st_size != size:
+            raise GeometryMismatch(f"{self.path}: size {self.path.stat().st_size}, expected {size}")
+
+    # -- addressing -----------------------------------------------------------------------------
+    def slot_time(self, t: int) -> int:
+        return t - t % self.precision_ms
+
+    def _at(self, t: int) -> int:
+        return HEADER.size + (t // self.precision_ms % self.slot_count) * SLOT_SIZE
+
+    @property
+    def span_ms(self) -> int:
+        return self.precision_ms * self.slot_count
+
+    # -- slots ----------------------------------------------------------------------------------
+    def get(self, t: int) -> Slot:
+        """The slot for time `t`; a slot holding another lap reads as empty."""
+        st = self.slot_time(t)
+        raw = SLOT.unpack_from(self._mm, self._at(st))
+        if raw[0] != st or raw[3] <= 0:
+            return empty_slot(st)
+        return Slot(*raw)
+
+    def raw(self, t: int) -> Slot:
+        """The slot bytes as stored, whatever lap they belong to."""
+        return Slot(*SLOT.unpack_from(self._mm, self._at(self.slot_time(t))))
+
+    def put(self, t: int, first_pos: int, last_pos: int, num: int, magic: int) -> None:
+        st = self.slot_time(t)
+        SLOT.pack_into(self._mm, self._at(st), st, first_pos, last_pos, num, magic)
+
+    def clear(self, t: int) -> None:
+        st = self.slot_time(t)
+        SLOT.pack_into(self._mm, self._at(st), 0, -1, -1, 0, 0)
+
+    def slots(self) -> Iterator[Slot]:
+        """Every stored non-empty slot, in file order."""
+        for raw in SLOT.iter_unpack(memoryview(self._mm)[HEADER.size:]):
+            if raw[3] > 0:
+                yield Slot(*raw)
+
+    def counts(self, start: int, end: int) -> Iterator[tuple[int, int]]:
+        """(slot_time, num) for every non-empty slot in [start, end) that belongs to this lap."""
+        t = self.slot_time(start)
+        while t < end:
+            s = self.get(t)
+            if s.num:
+                yield t, s.num
+            t += self.precision_ms
+
+    def reset(self) -> None:
+        self._mm[HEADER.size:] = bytes(len(self._mm) - HEADER.size)
+
+    def flush(self) -> None:
+        self._mm.flush()
+
+    def close(self) -> None:
+        self._mm.flush()
+        self._mm.close()
+        os.close(self._fd)

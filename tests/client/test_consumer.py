@@ -1,0 +1,156 @@
+"""Consumer runners against the fake broker: ack/nack, dead letters, concurrency, lease extension, stop."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+from client import AsyncClient, AsyncConsumer, Client, Consumer, ReceivedMessage
+from tests.client.fakebroker import FakeBroker
+
+
+async def until(predicate: Callable[[], object], timeout_s: float = 10.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+async def test_failing_handler_ends_in_dead_letters(fake: FakeBroker) -> None:
+    seen: list[tuple[str, int]] = []
+
+    async def handler(m: ReceivedMessage) -> None:
+        seen.append((m.text, m.attempt))
+        if m.text == "bad":
+            raise ValueError("cannot process")
+
+    async with AsyncClient(fake.url) as c:
+        await c.subscribe("jobs", "workers", max_attempts=3)
+        await c.send_batch("jobs", [{"body": "good"}, {"body": "bad"}, {"body": "fine"}])
+        consumer = AsyncConsumer(c, "jobs", "workers", handler, concurrency=2, wait_ms=200,
+                                 retry_delay_ms=lambda attempt: 10 * attempt)
+        async with consumer:
+            await until(lambda: consumer.stats.failed == 3, what="three failures")
+            dead = await c.dead("jobs", "workers")
+        assert [(d.body, d.attempt) for d in dead] == [(b"bad", 3)]
+        assert consumer.stats.succeeded == 2 and consumer.stats.failed == 3
+        assert sorted(a for t, a in seen if t == "bad") == [1, 2, 3]
+        assert fake.groups[("jobs", "workers")].acked == {"d-1", "d-3"}
+
+
+async def test_concurrency_is_bounded(fake: FakeBroker) -> None:
+    running = 0
+    peak = 0
+    release = asyncio.Event()
+
+    async def handler(m: ReceivedMessage) -> None:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await release.wait()
+        running -= 1
+
+    async with AsyncClient(fake.url) as c:
+        await c.send_batch("t", [{"body": str(i)} for i in range(10)])
+        consumer = AsyncConsumer(c, "t", "g", handler, concurrency=4, wait_ms=100)
+        consumer.start()
+        await until(lambda: running == 4, what="4 handlers running")
+        pulls = sum(r.path.endswith("/pull") for r in fake.requests)
+        assert sum(len(g.leases) for g in fake.groups.values()) == 4  # no prefetch beyond free slots
+        release.set()
+        await until(lambda: consumer.stats.succeeded == 10, what="all handled")
+        consumer.stop()
+        stats = await consumer.join()
+    assert peak == 4 and stats.received == 10 and pulls >= 1
+
+
+async def test_slow_handler_keeps_its_lease(fake: FakeBroker) -> None:
+    async with AsyncClient(fake.url) as c:
+        await c.send("slow", "x")
+        consumer: AsyncConsumer
+
+        async def handler(m: ReceivedMessage) -> None:
+            # Work until the lease has been extended twice - well past the 1 s lease it started with.
+            await until(lambda: consumer.stats.extended >= 2, timeout_s=10, what="extensions")
+
+        consumer = AsyncConsumer(c, "slow", "g", handler, lease_ms=1_000, wait_ms=100)
+        async with consumer:
+            await until(lambda: consumer.stats.succeeded == 1, what="ack")
+    group = fake.groups[("slow", "g")]
+    assert group.acked == {"d-1"} and group.attempts["d-1"] == 1  # never redelivered
+
+
+async def test_stop_lets_running_handlers_finish(fake: FakeBroker) -> None:
+    started = asyncio.Event()
+    finish = asyncio.Event()
+
+    async def handler(m: ReceivedMessage) -> None:
+        started.set()
+        await finish.wait()
+
+    async with AsyncClient(fake.url) as c:
+        await c.send("t", "x")
+        consumer = AsyncConsumer(c, "t", "g", handler, wait_ms=100)
+        consumer.start()
+        await asyncio.wait_for(started.wait(), 5)
+        consumer.stop()
+        join = asyncio.ensure_future(consumer.join())
+        done, _ = await asyncio.wait({join}, timeout=0.1)
+        assert not done  # waiting for the running handler
+        finish.set()
+        stats = await asyncio.wait_for(join, 5)
+    assert stats.succeeded == 1 and fake.groups[("t", "g")].acked == {"d-1"}
+
+
+async def test_idle_timeout_and_max_messages(fake: FakeBroker) -> None:
+    async def handler(m: ReceivedMessage) -> None:
+        return None
+
+    async with AsyncClient(fake.url) as c:
+        await c.send_batch("t", [{"body": str(i)} for i in range(5)])
+        stats = await asyncio.wait_for(AsyncConsumer(c, "t", "g", handler, max_messages=3, wait_ms=50).run(), 5)
+        assert stats.received == 3 and stats.succeeded == 3
+        stats = await asyncio.wait_for(
+            AsyncConsumer(c, "t", "g", handler, idle_timeout_s=0.2, wait_ms=50).run(), 5)
+        assert stats.received == 2
+
+
+def test_sync_consumer_with_blocking_handler(fake: FakeBroker, no_thread_leak: None) -> None:
+    threads: set[str] = set()
+
+    def handler(m: ReceivedMessage) -> None:
+        threads.add(threading.current_thread().name)
+        if m.text == "boom" and m.attempt == 1:
+            raise RuntimeError("first try fails")
+
+    with Client(fake.url) as c:
+        c.send_batch("t", [{"body": "a"}, {"body": "boom"}, {"body": "b"}])
+        stats = Consumer(c, "t", "g", handler, concurrency=2, wait_ms=100, retry_delay_ms=0,
+                         max_messages=4).run()
+    assert (stats.received, stats.succeeded, stats.failed) == (4, 3, 1)
+    assert all(n.startswith("delayd-consumer") for n in threads)
+
+
+def test_sync_consumer_stopped_from_a_handler(fake: FakeBroker, no_thread_leak: None) -> None:
+    with Client(fake.url) as c:
+        c.send("t", "stop")
+        consumer: Consumer
+
+        def handler(m: ReceivedMessage) -> None:
+            consumer.stop(wait=False)
+
+        consumer = Consumer(c, "t", "g", handler, wait_ms=100)
+        stats = consumer.run()
+    assert stats.succeeded == 1
+
+
+def test_bad_options() -> None:
+    with pytest.raises(ValueError):
+        AsyncConsumer(AsyncClient(), "t", "g", print, concurrency=0)
+    with pytest.raises(ValueError):
+        AsyncConsumer(AsyncClient(), "t", "g", print, lease_ms=10)

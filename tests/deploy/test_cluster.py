@@ -1,0 +1,158 @@
+"""deploy/cluster.sh: three shards as local processes, on free ports, started and stopped idempotently."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.deploy.tools import DEPLOY, ROOT
+from tests.support.daemon import free_port, wait_until
+
+SCRIPT = DEPLOY / "cluster.sh"
+NODES = ["s0", "s1", "s2"]
+
+
+def _ports() -> list[int]:
+    ports: list[int] = []
+    while len(ports) < len(NODES):
+        p = free_port()
+        if p not in ports:
+            ports.append(p)
+    return ports
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+class Cluster:
+    def __init__(self, data: Path) -> None:
+        self.dir = data
+        self.ports = _ports()
+        self.env = {
+            **os.environ,
+            "DELAYD_CLUSTER_DIR": str(data),
+            "DELAYD_CLUSTER_NODES": " ".join(NODES),
+            "DELAYD_CLUSTER_PORTS": " ".join(map(str, self.ports)),
+            "DELAYD_PYTHON": sys.executable,
+            "DELAYD_CLUSTER_TIMEOUT": "30",
+            "DELAYD_CLUSTER_STOP_TIMEOUT": "20",
+        }
+
+    def run(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["bash", str(SCRIPT), *args], env=self.env, cwd=ROOT, capture_output=True, text=True, timeout=90
+        )
+
+    def pids(self) -> dict[str, int]:
+        out = {}
+        for n in NODES:
+            pf = self.dir / f"{n}.pid"
+            if pf.exists():
+                out[n] = int(pf.read_text().strip())
+        return out
+
+    def get(self, port: int, path: str) -> tuple[int, bytes]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(tmp_path / "cluster-data")
+    try:
+        yield c
+    finally:
+        pids = c.pids()
+        c.run("stop")
+        for pid in pids.values():  # last resort, by id, if the script failed to stop them
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_start_status_stop(cluster: Cluster) -> None:
+    r = cluster.run("start")
+    assert r.returncode == 0, r.stdout + r.stderr
+    pids = cluster.pids()
+    assert set(pids) == set(NODES)
+    for node, port in zip(NODES, cluster.ports, strict=True):
+        assert (cluster.dir / node).is_dir() and (cluster.dir / f"{node}.log").is_file()
+        assert cluster.get(port, "/readyz")[0] == 200
+        status, body = cluster.get(port, "/v1/info")
+        assert status == 200 and json.loads(body)["node_id"] == node
+
+    # Idempotent: a second start keeps the same processes.
+    r = cluster.run("start")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "already running" in r.stdout
+    assert cluster.pids() == pids
+
+    r = cluster.run("status")
+    assert r.returncode == 0 and r.stdout.count("readyz=200") == 3, r.stdout + r.stderr
+
+    r = cluster.run("stop")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "SIGKILL" not in r.stderr, "shards must exit on SIGTERM"
+    assert not any(_alive(pid) for pid in pids.values())
+    assert cluster.pids() == {}
+
+    # Idempotent: stopping a stopped cluster is fine; status reports it stopped.
+    assert cluster.run("stop").returncode == 0
+    r = cluster.run("status")
+    assert r.returncode != 0 and r.stdout.count("stopped") == 3
+
+
+def test_restart_replaces_a_killed_shard_and_keeps_data(cluster: Cluster) -> None:
+    assert cluster.run("start").returncode == 0
+    s1_port = cluster.ports[1]
+    status, body = cluster.get(s1_port, "/readyz")
+    assert status == 200
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{s1_port}/v1/topics/t/messages",
+        method="POST",
+        data=b'{"body": "x", "delay_ms": 3600000}',
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=10) as r:
+        msg_id = json.loads(r.read())["messages"][0]["id"]
+    assert msg_id.startswith("s1-")
+
+    old = cluster.pids()
+    os.kill(old["s1"], signal.SIGKILL)
+    wait_until(lambda: not _alive(old["s1"]), 10, 0.01, "s1 to die")
+
+    r = cluster.run("start")  # restarts only the dead shard
+    assert r.returncode == 0, r.stdout + r.stderr
+    new = cluster.pids()
+    assert new["s0"] == old["s0"] and new["s2"] == old["s2"] and new["s1"] != old["s1"]
+    status, body = cluster.get(s1_port, f"/v1/messages/{msg_id}")
+    assert status == 200 and json.loads(body)["state"] == "scheduled"
+
+
+def test_start_fails_clearly_on_a_busy_port(cluster: Cluster) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", cluster.ports[2]))
+        s.listen()
+        r = cluster.run("start")
+    assert r.returncode != 0
+    assert f"port 127.0.0.1:{cluster.ports[2]} for s2 is in use" in r.stderr
+    assert cluster.pids() == {}, "the shards started by the failed call must be stopped"

@@ -1,0 +1,258 @@
+"""Commit log: the byte table of a record, CRC checks, segment rolling, scanning and recovery."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from pathlib import Path
+
+import msgpack
+import pytest
+
+from storage import commitlog as cl
+from storage.commitlog import HEADER_SIZE, CommitLog, Record, RecordType, ScanReport, decode, encode
+from storage.errors import ChecksumMismatch, CorruptData, TornRecord, UnsupportedVersion
+from storage.segments import segment_name
+
+
+def full_record(seq: int = 7, body: bytes = b"hello body") -> Record:
+    return Record(RecordType.MESSAGE, seq, "orders.close", body, deliver_at=1_700_000_123_456,
+                  produced_at=1_700_000_000_001, roll_count=3, tag="paid", key="order-42",
+                  headers={"trace": "abc", "ü": "ß"})
+
+
+def msg(seq: int, body: bytes = b"x" * 20, deliver_at: int = 1000) -> bytes:
+    return encode(Record(RecordType.MESSAGE, seq, "t", body, deliver_at, 1))
+
+
+def test_every_field_sits_where_the_byte_table_says() -> None:
+    rec = full_record()
+    data = encode(rec)
+    topic, tag, key = b"orders.close", b"paid", b"order-42"
+    hdrs = msgpack.packb(rec.headers)
+    assert len(data) == 48 + len(topic) + len(tag) + len(key) + len(hdrs) + len(rec.body)
+    u32 = struct.Struct("<I").unpack_from
+    assert u32(data, 0)[0] == len(data)
+    assert u32(data, 4)[0] == zlib.crc32(data[8:])
+    assert data[8] == cl.RECORD_VERSION
+    assert data[9] == RecordType.MESSAGE
+    assert struct.unpack_from("<H", data, 10)[0] == 0  # flags
+    assert struct.unpack_from("<Q", data, 12)[0] == 7  # seq
+    assert struct.unpack_from("<q", data, 20)[0] == 1_700_000_123_456  # deliver_at
+    assert struct.unpack_from("<q", data, 28)[0] == 1_700_000_000_001  # produced_at
+    assert struct.unpack_from("<H", data, 36)[0] == 3  # roll_count
+    assert (data[38], data[39]) == (len(topic), len(tag))
+    assert struct.unpack_from("<HHI", data, 40) == (len(key), len(hdrs), len(rec.body))
+    p = 48
+    for part in (topic, tag, key, hdrs, rec.body):
+        assert data[p:p + len(part)] == part
+        p += len(part)
+
+
+def test_round_trip_of_every_field() -> None:
+    rec = full_record()
+    got = decode(encode(rec), 0, 4096)
+    assert got == Record(RecordType.MESSAGE, 7, "orders.close", b"hello body", 1_700_000_123_456,
+                         1_700_000_000_001, 3, "paid", "order-42", {"trace": "abc", "ü": "ß"},
+                         offset=4096, size=len(encode(rec)))
+
+
+@pytest.mark.parametrize("rtype", list(RecordType))
+def test_round_trip_of_each_type_with_empty_optionals(rtype: RecordType) -> None:
+    rec = Record(rtype, 2**64 - 1, "t", b"", -5, 0, 65535)
+    got = decode(encode(rec))
+    assert (got.type, got.seq, got.topic, got.body, got.deliver_at, got.roll_count) == \
+        (rtype, 2**64 - 1, "t", b"", -5, 65535)
+    assert got.tag is None and got.key is None and got.headers is None
+
+
+def test_decode_at_a_position_inside_a_buffer() -> None:
+    a, b = encode(full_record(1)), encode(full_record(2, b"second"))
+    buf = a + b
+    assert decode(buf, len(a), 100).seq == 2
+    assert decode(memoryview(buf), len(a)).body == b"second"
+
+
+def test_validation_errors_each_have_their_class() -> None:
+    data = bytearray(encode(full_record()))
+    with pytest.raises(TornRecord):
+        decode(bytes(data[:30]))
+    with pytest.raises(TornRecord):
+        decode(bytes(data[:-1]))
+    bad = bytearray(data)
+    bad[-1] ^= 0xFF
+    with pytest.raises(ChecksumMismatch):
+        decode(bytes(bad))
+    assert decode(bytes(bad), verify=False).body[-1] == data[-1] ^ 0xFF
+    bad = bytearray(data)
+    struct.pack_into("<I", bad, 0, 20)  # shorter than a header
+    with pytest.raises(ChecksumMismatch):
+        decode(bytes(bad))
+    bad = bytearray(data)
+    bad[8] = 9  # version
+    struct.pack_into("<I", bad, 4, zlib.crc32(bytes(bad[8:])))
+    with pytest.raises(UnsupportedVersion):
+        decode(bytes(bad))
+    bad = bytearray(data)
+    bad[9] = 99  # type
+    struct.pack_into("<I", bad, 4, zlib.crc32(bytes(bad[8:])))
+    with pytest.raises(CorruptData):
+        decode(bytes(bad))
+
+
+def test_append_read_and_reopen(tmp_path: Path) -> None:
+    log = CommitLog(tmp_path / "cl", 1 << 16)
+    recs = [encode(full_record(i, b"b" * i)) for i in range(1, 50)]
+    offsets = log.append(recs)
+    assert offsets[0] == 0 and all(b > a for a, b in zip(offsets, offsets[1:], strict=False))
+    log.flush()
+    for off, data in zip(offsets, recs, strict=True):
+        assert log.read(off).size == len(data)
+        assert log.read(off, len(data)).body == decode(data).body
+    log.close()
+    log = CommitLog(tmp_path / "cl", 1 << 16)
+    assert log.end == offsets[-1] + len(recs[-1])
+    assert [r.seq for r in log.scan(0)] == list(range(1, 50))
+    assert log.read(offsets[10]).seq == 11
+    log.close()
+
+
+def test_read_of_a_record_larger_than_the_first_guess(tmp_path: Path) -> None:
+    log = CommitLog(tmp_path / "cl", 1 << 22)
+    big = encode(full_record(1, b"z" * 100_000))
+    log.append([msg(0), big])
+    assert log.read(len(msg(0))).body == b"z" * 100_000
+    log.close()
+
+
+def test_segments_roll_and_records_never_span(tmp_path: Path) -> None:
+    one = msg(1)
+    size = len(one)
+    log = CommitLog(tmp_path / "cl", size * 3 + size // 2)
+    offsets = log.append([msg(i) for i in range(10)])
+    assert log.files.bases == [0, 3 * size, 6 * size, 9 * size]
+    assert offsets == [i * size for i in range(10)]
+    assert sorted(p.name for p in (tmp_path / "cl").iterdir()) == [segment_name(b) for b in log.files.bases]
+    # Separate appends roll the same way.
+    more = [log.append([msg(i)])[0] for i in range(10, 14)]
+    assert more == [10 * size, 11 * size, 12 * size, 13 * size]
+    assert [r.seq for r in log.scan(0)] == list(range(14))
+    # Scan from inside the log, and up to a bound.
+    assert [r.seq for r in log.scan(4 * size, 8 * size)] == [4, 5, 6, 7]
+    log.close()
+
+
+def test_scan_a_record_bigger_than_the_scan_chunk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cl, "SCAN_CHUNK", 256)
+    log = CommitLog(tmp_path / "cl", 1 << 20)
+    log.append([msg(1), encode(full_record(2, b"q" * 1000)), msg(3)] + [msg(i) for i in range(4, 30)])
+    assert [r.seq for r in log.scan(0)] == list(range(1, 30))
+    log.close()
+
+
+def test_delete_before_and_scan_from_before_the_start(tmp_path: Path) -> None:
+    size = len(msg(1))
+    log = CommitLog(tmp_path / "cl", size * 2)
+    log.append([msg(i) for i in range(6)])
+    assert log.delete_before(4 * size) == [0, 2 * size]
+    assert log.start == 4 * size
+    assert [r.seq for r in log.scan(0)] == [4, 5]
+    assert log.disk_bytes() == 2 * size
+    log.close()
+
+
+def test_recover_cuts_a_torn_tail(tmp_path: Path) -> None:
+    log = CommitLog(tmp_path / "cl", 1 << 20)
+    offsets = log.append([msg(i) for i in range(5)])
+    log.close()
+    seg = tmp_path / "cl" / segment_name(0)
+    data = seg.read_bytes()
+    seg.write_bytes(data[:-7])
+    log = CommitLog(tmp_path / "cl", 1 << 20)
+    rep = log.recover(0)
+    assert rep.records == 4 and rep.truncated_bytes == len(msg(4)) - 7 and rep.skipped_records == 0
+    assert log.end == offsets[4]
+    assert [r.seq for r in log.scan(0)] == [0, 1, 2, 3]
+    log.close()
+
+
+def test_recover_cuts_a_torn_header(tmp_path: Path) -> None:
+    log = CommitLog(tmp_path / "cl", 1 << 20)
+    log.append([msg(i) for i in range(3)])
+    log.close()
+    seg = tmp_path / "cl" / segment_name(0)
+    seg.write_bytes(seg.read_bytes() + b"\x99" * 10)  # a header cut short
+    log = CommitLog(tmp_path / "cl", 1 << 20)
+    rep = log.recover(0)
+    assert rep.truncated_bytes == 10 and rep.records == 3
+    log.close()
+
+
+def test_recover_cuts_a_corrupt_last_record(tmp_path: Path) -> None:
+    log = CommitLog(tmp_path / "cl", 1 << 20)
+    offsets = log.append([msg(i) for i in range(5)])
+    log.close()
+    seg = tmp_path / "cl" / segment_name(0)
+    data = bytearray(seg.read_bytes())
+    data[offsets[4] + 60] ^= 0x01
+    seg.write_bytes(bytes(data))
+    log = CommitLog(tmp_path / "cl", 1 << 20)
+    rep = log.recover(offsets[2])
+    assert rep.records == 2 and rep.truncated_bytes == len(msg(4))
+    assert log.end == offsets[4]
+    log.close()
+
+
+def test_damaged_record_in_the_middle_is_skipped_and_counted(tmp_path: Path) -> None:
+    log = CommitLog(tmp_path / "cl", 1 << 20)
+    offsets = log.append([msg(i) for i in range(10)])
+    end = log.end
+    log.close()
+    seg = tmp_path / "cl" / segment_name(0)
+    data = bytearray(seg.read_bytes())
+    data[offsets[4] + 50] ^= 0x40
+    seg.write_bytes(bytes(data))
+    log = CommitLog(tmp_path / "cl", 1 << 20)
+    rep = log.recover(0)
+    assert rep.skipped_records == 1 and rep.skipped_bytes == len(msg(4)) and rep.truncated_bytes == 0
+    assert log.end == end
+    assert [r.seq for r in log.scan(0)] == [0, 1, 2, 3, 5, 6, 7, 8, 9]
+    with pytest.raises(ChecksumMismatch):
+        log.read(offsets[4])
+    log.close()
+
+
+def test_damaged_length_field_resyncs_on_the_next_record(tmp_path: Path) -> None:
+    log = CommitLog(tmp_path / "cl", 1 << 20)
+    offsets = log.append([msg(i) for i in range(6)])
+    log.close()
+    seg = tmp_path / "cl" / segment_name(0)
+    data = bytearray(seg.read_bytes())
+    struct.pack_into("<I", data, offsets[2], 0xFFFF)
+    seg.write_bytes(bytes(data))
+    log = CommitLog(tmp_path / "cl", 1 << 20)
+    rep = ScanReport()
+    assert [r.seq for r in log.scan(0, report=rep)] == [0, 1, 3, 4, 5]
+    assert rep.skipped_records == 1
+    log.close()
+
+
+def test_damage_at_the_end_of_an_older_segment_is_not_truncated(tmp_path: Path) -> None:
+    size = len(msg(1))
+    log = CommitLog(tmp_path / "cl", size * 2)
+    log.append([msg(i) for i in range(6)])
+    log.close()
+    seg = tmp_path / "cl" / segment_name(0)
+    data = bytearray(seg.read_bytes())
+    data[size + 50] ^= 0x01  # last record of the first (closed) segment
+    seg.write_bytes(bytes(data))
+    log = CommitLog(tmp_path / "cl", size * 2)
+    rep = log.recover(0)
+    assert rep.truncated_bytes == 0 and rep.skipped_bytes == size
+    assert [r.seq for r in log.scan(0)] == [0, 2, 3, 4, 5]
+    assert log.end == 6 * size
+    log.close()
+
+
+def test_header_size_constant() -> None:
+    assert HEADER_SIZE == 48 == cl.HEADER.size

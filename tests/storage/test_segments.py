@@ -1,0 +1,206 @@
+"""SegmentedFile: one global offset space over files named by their 20-digit base offset."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+
+from storage.errors import DiskFull, OffsetOutOfRange
+from storage.segments import SegmentedFile, segment_name
+
+
+def names(d: Path) -> list[str]:
+    return sorted(p.name for p in d.iterdir())
+
+
+def test_segment_name_is_20_digits() -> None:
+    assert segment_name(0) == "0" * 20
+    assert segment_name(67108864) == "00000000000067108864"
+
+
+def test_fresh_directory_has_one_empty_segment(tmp_path: Path) -> None:
+    f = SegmentedFile(tmp_path / "s", 100)
+    assert (f.start, f.end, f.bases, f.remaining()) == (0, 0, [0], 100)
+    assert names(tmp_path / "s") == [segment_name(0)]
+    f.close()
+
+
+def test_segment_bytes_must_hold_whole_units(tmp_path: Path) -> None:
+    with pytest.raises(ValueError):
+        SegmentedFile(tmp_path / "s", 100, unit=52)
+
+
+def test_append_returns_global_offsets_and_rolls_without_spanning(tmp_path: Path) -> None:
+    f = SegmentedFile(tmp_path / "s", 10)
+    assert f.append(b"aaaa") == 0
+    assert f.append(b"bbbb") == 4
+    # 4 more bytes do not fit in the 2 left: a new segment starts at 8, no filler.
+    assert f.append(b"cccc") == 8
+    assert f.bases == [0, 8]
+    assert names(tmp_path / "s") == [segment_name(0), segment_name(8)]
+    assert f.segment_end(0) == 8 and f.segment_end(8) == 12
+    assert f.read(0, 100) == b"aaaabbbb"  # a read never crosses its segment's end
+    assert f.read(8, 4) == b"cccc"
+    assert f.read(5, 2) == b"bb"
+    assert f.segment_of(0) == 0 and f.segment_of(7) == 0 and f.segment_of(8) == 8 and f.segment_of(12) == 8
+    assert f.disk_bytes() == 12
+    f.close()
+
+
+def test_roll_of_an_empty_segment_is_a_no_op(tmp_path: Path) -> None:
+    f = SegmentedFile(tmp_path / "s", 10)
+    f.roll()
+    assert f.bases == [0]
+    f.append(b"x")
+    f.roll()
+    f.roll()
+    assert f.bases == [0, 1]
+    f.close()
+
+
+def test_out_of_range(tmp_path: Path) -> None:
+    f = SegmentedFile(tmp_path / "s", 10)
+    f.append(b"abc")
+    with pytest.raises(OffsetOutOfRange):
+        f.segment_of(4)
+    with pytest.raises(OffsetOutOfRange):
+        f.read(-1, 1)
+    f.close()
+
+
+def test_reopen_continues_at_the_end(tmp_path: Path) -> None:
+    f = SegmentedFile(tmp_path / "s", 10)
+    for chunk in (b"123456", b"7890", b"abcdef"):
+        f.append(chunk)
+    f.close()
+    g = SegmentedFile(tmp_path / "s", 10)
+    assert g.bases == [0, 10] and g.end == 16
+    assert g.append(b"gh") == 16
+    assert g.read(0, 10) == b"1234567890" and g.read(10, 10) == b"abcdefgh"
+    g.close()
+
+
+def test_write_at_overwrites_in_place_in_any_segment(tmp_path: Path) -> None:
+    f = SegmentedFile(tmp_path / "s", 4)
+    f.append(b"abcd")
+    f.append(b"efgh")
+    f.write_at(1, b"X")
+    f.write_at(6, b"Y")
+    f.flush()
+    assert f.read(0, 4) == b"aXcd" and f.read(4, 4) == b"efYh"
+    f.close()
+
+
+def test_truncate_across_segments(tmp_path: Path) -> None:
+    f = SegmentedFile(tmp_path / "s", 4)
+    for c in (b"aaaa", b"bbbb", b"cccc"):
+        f.append(c)
+    assert f.truncate(12) == 0
+    assert f.truncate(6) == 6
+    assert f.bases == [0, 4] and f.end == 6
+    assert names(tmp_path / "s") == [segment_name(0), segment_name(4)]
+    assert f.append(b"zz") == 6
+    assert f.read(4, 4) == b"bbzz"
+    # Back into the first segment: the second file goes and writing continues in the first.
+    assert f.truncate(2) == 6
+    assert f.bases == [0] and f.end == 2
+    assert f.append(b"qq") == 2
+    assert f.read(0, 4) == b"aaqq"
+    f.close()
+    g = SegmentedFile(tmp_path / "s", 4)
+    assert g.end == 4 and g.read(0, 4) == b"aaqq"
+    g.close()
+
+
+def test_truncate_to_a_segment_boundary(tmp_path: Path) -> None:
+    f = SegmentedFile(tmp_path / "s", 4)
+    f.append(b"aaaa")
+    f.append(b"bb")
+    assert f.truncate(4) == 2
+    assert f.bases == [0, 4] and f.end == 4 and f.remaining() == 4
+    f.close()
+
+
+def test_delete_before_keeps_the_segment_being_written(tmp_path: Path) -> None:
+    f = SegmentedFile(tmp_path / "s", 4)
+    for c in (b"aaaa", b"bbbb", b"cc"):
+        f.append(c)
+    assert f.delete_before(3) == []  # segment 0 still holds bytes at or after 3
+    assert f.delete_before(4) == [0]
+    assert f.start == 4
+    assert f.delete_before(100) == [4]  # 8 is being written: kept
+    assert f.bases == [8] and f.start == 8 and f.end == 10
+    with pytest.raises(OffsetOutOfRange):
+        f.read(0, 1)
+    f.close()
+    g = SegmentedFile(tmp_path / "s", 4)
+    assert (g.start, g.end) == (8, 10)
+    g.close()
+
+
+def test_reset_deletes_everything_and_keeps_offsets_monotonic(tmp_path: Path) -> None:
+    f = SegmentedFile(tmp_path / "s", 8, unit=4)
+    f.append(b"aaaabbbb")
+    f.append(b"cc")
+    f.reset(10)
+    # Rounded down to the unit so positions stay unit-aligned.
+    assert f.bases == [8] and f.start == 8 and f.end == 8
+    assert names(tmp_path / "s") == [segment_name(8)]
+    assert f.append(b"dddd") == 8
+    f.close()
+
+
+def test_flush_fsyncs_closed_segments_written_through_write_at(tmp_path: Path) -> None:
+    f = SegmentedFile(tmp_path / "s", 4)
+    f.append(b"aaaa")
+    f.append(b"bbbb")
+    f.write_at(0, b"Z")
+    f.flush()
+    assert (tmp_path / "s" / segment_name(0)).read_bytes() == b"Zaaa"
+    f.close()
+
+
+def test_failed_write_leaves_no_partial_chunk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    f = SegmentedFile(tmp_path / "s", 100)
+    f.append(b"keep")
+    real = os.pwrite
+
+    def short(fd: int, data: bytes, off: int) -> int:
+        real(fd, bytes(data)[:3], off)  # half a chunk reaches the file, then the disk is full
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", short)
+    with pytest.raises(DiskFull):
+        f.append(b"lost-chunk")
+    monkeypatch.setattr(os, "pwrite", real)
+    assert f.end == 4
+    assert (tmp_path / "s" / segment_name(0)).read_bytes() == b"keep"
+    assert f.append(b"next") == 4
+    f.close()
+
+
+def test_other_write_errors_propagate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    f = SegmentedFile(tmp_path / "s", 100)
+
+    def broken(fd: int, data: bytes, off: int) -> int:
+        raise OSError(errno.EIO, "I/O error")
+
+    monkeypatch.setattr(os, "pwrite", broken)
+    with pytest.raises(OSError) as e:
+        f.append(b"x")
+    assert not isinstance(e.value, DiskFull)
+    monkeypatch.undo()
+    f.close()
+
+
+def test_ignores_foreign_files(tmp_path: Path) -> None:
+    d = tmp_path / "s"
+    d.mkdir()
+    (d / "README").write_text("not a segment")
+    (d / "123").write_bytes(b"short name")
+    f = SegmentedFile(d, 10)
+    assert f.bases == [0]
+    f.close()
