@@ -23,7 +23,6 @@ from broker.clock import Clock
 from storage.commitlog import Record
 from storage.segments import fsync_all
 from storage.store import Due, Store
-from storage.timerlog import Unit
 
 log = logging.getLogger("delayd.pipeline")
 
@@ -188,13 +187,17 @@ class DequeueGet(Stage):
             if wait_ms > 0:
                 await asyncio.sleep(wait_ms / 1000)
                 continue
-            units: list[Unit] = self.store.load_slot(t)
-            if units:
-                self.inflight.add(t, len(units))
-                for i in range(0, len(units), 1024):
-                    chunk = units[i:i + 1024]
-                    await self.outbox.put((t, chunk), len(chunk))
-                self.items += len(units)
+            # The slot stays "in flight" until its walk ends, so the checkpoint's read time
+            # cannot pass it while units are still to come.
+            self.inflight.add(t, 1)
+            n = 0
+            for chunk in self.store.open_slot(t):
+                self.inflight.add(t, len(chunk))
+                n += len(chunk)
+                await self.outbox.put((t, chunk), len(chunk))
+            self.inflight.done(t)
+            if n:
+                self.items += n
                 self.batches += 1
             else:
                 idle += 1

@@ -103,12 +103,17 @@ class Broker:
 
     async def _checkpoint_loop(self) -> None:
         assert self.store and self.pipeline and self.groups
+        loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(self.cfg.checkpoint_interval_ms / 1000)
+            cp, fds = self.store.prepare_checkpoint(self.pipeline.inflight.read_time(), self.groups.snapshot())
             try:
-                self.store.checkpoint(self.pipeline.inflight.read_time(), self.groups.snapshot())
+                # The fsyncs take the disk's time, not the event loop's.
+                await loop.run_in_executor(None, self.store.finish_checkpoint, cp, fds)
             except OSError as e:
                 log.error("checkpoint failed: %s", e)
+                continue
+            self.store.checkpoint_saved(cp)
 
     def failure(self) -> BaseException | None:
         if self.pipeline is not None and (e := self.pipeline.failed()) is not None:
@@ -272,8 +277,9 @@ class Broker:
         return n
 
     def _log_group_event(self, topic: str, group: str, ev: dict[str, Any]) -> None:
-        assert self.store is not None
+        assert self.store is not None and self.pipeline is not None
         self.store.append_group_event(topic, group, encode_event(ev))
+        self.pipeline.appended.set()
 
     # ---------------------------------------------------------------------------------- release
     def _on_release(self, dues: list[Due], now: int) -> None:

@@ -120,7 +120,7 @@ class AsyncClient:
 
     async def close(self) -> None:
         """Release unclaimed pulled messages and close connections. Idempotent."""
-        if self._http._closed:
+        if self._http.closed:
             return
         await self._puller.close(lambda t, g, ms: self.nack(t, g, ms, delay_ms=0))
         await self._http.close()

@@ -26,6 +26,7 @@ from client.aio import DEFAULT_URL
 from client.codec import OutgoingMessage
 from client.consumer import Consumer
 from client.errors import Conflict, ConnectionFailed, DelaydError, InvalidRequest, NotFound
+from client.http import RetryPolicy
 from client.models import Message, ReceivedMessage
 from client.render import (
     Progress,
@@ -56,13 +57,15 @@ def _common() -> argparse.ArgumentParser:
     g.add_argument("--token", default=None, help="bearer token (env DELAYD_TOKEN)")
     g.add_argument("--json", action="store_true", help="machine-readable output")
     g.add_argument("--timeout", type=float, default=30.0, metavar="S", help="per-request timeout in seconds")
+    g.add_argument("--retries", type=_positive, default=RetryPolicy.attempts, metavar="N",
+                   help=f"attempts per request where retrying is safe (default {RetryPolicy.attempts}; 1 = none)")
     return p
 
 
 def _client(args: argparse.Namespace) -> Client:
     url = args.url or os.environ.get("DELAYD_URL") or DEFAULT_URL
     token = args.token or os.environ.get("DELAYD_TOKEN") or None
-    return Client(url, token, timeout_s=args.timeout)
+    return Client(url, token, timeout_s=args.timeout, retry=RetryPolicy(attempts=args.retries))
 
 
 def _err(text: str) -> None:
@@ -354,10 +357,14 @@ def cmd_schedule(args: argparse.Namespace, client: Client) -> int:
         raise ValueError("--hours must be > 0")
     step_ms = args.step if args.step is not None else max(1, -(-span_ms // args.buckets))
     start = args.start if args.start is not None else now_ms()
-    start -= start % step_ms if args.align else 0
-    buckets = client.schedule(start, start + span_ms, step_ms)
+    end = start + span_ms
+    if args.align:
+        # Round the window outwards to whole steps, so lines read 10:00, 11:00... and cover all of it.
+        start -= start % step_ms
+        end += -end % step_ms
+    buckets = client.schedule(start, end, step_ms)
     if args.json:
-        _print_json({"from": start, "to": start + span_ms, "step_ms": step_ms,
+        _print_json({"from": start, "to": end, "step_ms": step_ms,
                      "buckets": [[b.start_ms, b.count] for b in buckets]})
         return EXIT_OK
     total = sum(b.count for b in buckets)

@@ -50,8 +50,8 @@ class RetryPolicy:
     """`attempts` counts the first try. Pauses grow `base_delay_ms * 2**n` up to `max_delay_ms`, each
     drawn uniformly from its upper half (jitter keeps many clients from retrying in step)."""
 
-    attempts: int = 5
-    base_delay_ms: int = 50
+    attempts: int = 6
+    base_delay_ms: int = 100
     max_delay_ms: int = 5_000
     max_retry_after_ms: int = 30_000
 
@@ -106,6 +106,10 @@ class Transport:
         self.retry = retry
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def _get_session(self) -> aiohttp.ClientSession:
         if self._closed:

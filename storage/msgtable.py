@@ -56,10 +56,12 @@ class MessageTable:
     def get(self, seq: int) -> tuple[MessageState, int, int, int]:
         """(state, offset, size, roll_count); UNKNOWN when never written or deleted."""
         seg, idx = divmod(seq, self.segment_entries)
-        path = self.directory / f"{seg:020d}"
-        if seg not in self._fds and not path.exists():
-            return MessageState.UNKNOWN, -1, 0, 0
-        raw = os.pread(self._fd(seg), ENTRY_SIZE, idx * ENTRY_SIZE)
+        fd = self._fds.get(seg)
+        if fd is None:
+            if not (self.directory / f"{seg:020d}").exists():
+                return MessageState.UNKNOWN, -1, 0, 0
+            fd = self._fd(seg)
+        raw = os.pread(fd, ENTRY_SIZE, idx * ENTRY_SIZE)
         if len(raw) < ENTRY_SIZE:
             return MessageState.UNKNOWN, -1, 0, 0
         state, _f, roll, size, offset = ENTRY.unpack(raw)
@@ -90,10 +92,17 @@ class MessageTable:
             seq, i = seq + n, i + n
 
     def flush(self) -> None:
-        for seg in self._dirty:
-            if seg in self._fds:
-                os.fsync(self._fds[seg])
+        for fd in self.dirty_handles():
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def dirty_handles(self) -> list[int]:
+        """Duplicated fds of segments written since the last call (fsync them anywhere)."""
+        fds = [os.dup(self._fds[seg]) for seg in self._dirty if seg in self._fds]
         self._dirty.clear()
+        return fds
 
     def delete_before(self, seq: int) -> int:
         """Drop whole segments of entries below `seq` (all final and past retention)."""

@@ -30,7 +30,7 @@ import os
 import time
 import zlib
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ from storage.commitlog import CommitLog, Record, RecordType, ScanReport, encode
 from storage.errors import CorruptData, GeometryMismatch, Insane, StorageError
 from storage.msgtable import MessageState, MessageTable
 from storage.readyqueue import ReadyQueue, tag_hash
+from storage.segments import fsync_all
 from storage.timerindex import Entry, TimerIndex
 from storage.timerlog import TimerLog, Unit, UnitMagic
 from storage.timerwheel import TimerWheel
@@ -133,6 +134,7 @@ class Store:
             self.ready[p.name] = ReadyQueue(p, self.cfg.ready_segment_units)
         self.next_seq = 1
         self.indexed = 0  # C: commit-log offset fully indexed
+        self.durable_indexed = 0  # C as of the last checkpoint written
         self.read_time_ms = 0  # R as of the last checkpoint (lap safety uses the durable one)
         self.load_time_ms = 0  # D: next slot dequeue-get will load
         self.slot_counts = array("i", bytes(4 * self.cfg.slot_count))
@@ -183,7 +185,9 @@ class Store:
                 rep.wheel = "rebuilt (no checkpoint)"
         self.indexed = start
 
-        # Deliveries past the checkpoint: the ready queues are their record.
+        # Deliveries past the checkpoint: the ready queues are their record. Counters change
+        # only with appends (produce/cancel to the commit log, release to a ready queue), so
+        # replaying exactly the appends after the checkpoint's snapshot makes them exact.
         ends = cp.ready_ends if cp else {}
         for topic, q in self.ready.items():
             for u in q.scan(ends.get(topic, 0)):
@@ -191,11 +195,14 @@ class Store:
                 if st != MessageState.DELIVERED:
                     self.msgs.set(u.seq, MessageState.DELIVERED, off if off >= 0 else u.commit_offset,
                                   size or u.commit_size, roll)
-                    if cp is not None:
-                        self._count(topic, "scheduled", -1)
-                    self._count(topic, "delivered_total", 1)
-                    self.totals["delivered"] += 1
+                if cp is not None:
+                    self._count(topic, "scheduled", -1)
+                self._count(topic, "delivered_total", 1)
+                self.totals["delivered"] += 1
                 rep.ready_replayed += 1
+        if cp is not None:
+            for rec in self.commit.scan(cp.commit_end):
+                self._count_append(rec)
 
         # Without a checkpoint the message table is first brought up to date from the whole log,
         # so that indexing below sees each message's final record and state.
@@ -260,6 +267,17 @@ class Store:
         units = (u for u in self.timers.log.scan(self.timers.log.start, timerlog_end))
         self.timers.rebuild(units, self.read_time_ms)
 
+    def _count_append(self, rec: Record) -> None:
+        """Counter changes of one appended record (the same as at append time)."""
+        if rec.type == RecordType.MESSAGE:
+            self._count(rec.topic, "produced_total", 1)
+            self._count(rec.topic, "scheduled", 1)
+            self.totals["produced"] += 1
+        elif rec.type == RecordType.CANCEL:
+            self._count(rec.topic, "cancelled_total", 1)
+            self._count(rec.topic, "scheduled", -1)
+            self.totals["cancelled"] += 1
+
     def _rebuild_message_state(self, rec: Record) -> None:
         st, off, _s, roll = self.msgs.get(rec.seq)
         if rec.type == RecordType.MESSAGE:
@@ -272,6 +290,8 @@ class Store:
             self.msgs.set(rec.seq, MessageState.SCHEDULED, rec.offset, rec.size, rec.roll_count)
         elif rec.type == RecordType.CANCEL and st != MessageState.DELIVERED:
             self.msgs.set_state(rec.seq, MessageState.CANCELLED)
+            self._count(rec.topic, "cancelled_total", 1)
+            self.totals["cancelled"] += 1
 
     # ---------------------------------------------------------------------------------- produce
     def append_messages(self, msgs: list[NewMessage], now_ms: int) -> list[int]:
@@ -284,6 +304,7 @@ class Store:
         self.msgs.set_run(first, [(MessageState.SCHEDULED, off, len(r), 0) for off, r in zip(offsets, recs, strict=True)])
         for m in msgs:
             self._count(m.topic, "produced_total", 1)
+            self._count(m.topic, "scheduled", 1)
         self.totals["produced"] += len(msgs)
         return list(range(first, first + len(msgs)))
 
@@ -292,6 +313,9 @@ class Store:
         append fails (disk full) nothing changed."""
         self.commit.append([encode(Record(RecordType.CANCEL, seq, topic, produced_at=self.clock_ms()))])
         self.msgs.set_state(seq, MessageState.CANCELLED)
+        self._count(topic, "cancelled_total", 1)
+        self._count(topic, "scheduled", -1)
+        self.totals["cancelled"] += 1
 
     def append_group_event(self, topic: str, group: str, body: bytes) -> None:
         self.commit.append([encode(Record(RecordType.GROUP, 0, topic, body, key=group,
@@ -355,11 +379,10 @@ class Store:
             self._count(rec.topic, "scheduled", 1)
         elif rec.type == RecordType.MESSAGE:
             if st == MessageState.CANCELLED:
-                self._set_flags(rec.seq, 0)  # never counted (see module notes)
+                self._set_flags(rec.seq, 0)  # never in the schedule (see module notes)
                 return None
             if st == MessageState.DELIVERED or off != rec.offset:
                 return None
-            self._count(rec.topic, "scheduled", 1)
         else:  # a roll copy: current only if the table points at it (or is about to)
             if st != MessageState.SCHEDULED:
                 return None
@@ -421,10 +444,6 @@ class Store:
                 # a cancel that races the slot still win.
                 self.timers.add([Entry(target, UnitMagic.DELETE, off, size, self._topic_hash(rec.topic),
                                        rec.seq)], self.clock_ms())
-        if flags:
-            self._count(rec.topic, "scheduled", -1)
-        self._count(rec.topic, "cancelled_total", 1)
-        self.totals["cancelled"] += 1
 
     def _flags(self, seq: int) -> int:
         seg, idx = divmod(seq, self.msgs.segment_entries)
@@ -470,16 +489,38 @@ class Store:
 
     def load_slot(self, slot_time: int) -> list[Unit]:
         """dequeue-get: take slot `slot_time` (must be the next one) out of the wheel."""
-        try:
-            units = self.timers.due(slot_time)
-        except CorruptData as e:
-            # A chain that does not hold together: the TimerLog is the truth, rebuild from it.
-            log.error("TimerWheel slot %d damaged (%s); rebuilding the wheel from the TimerLog", slot_time, e)
-            self.timers.rebuild(self.timers.log.scan(self.timers.log.start), slot_time)
-            units = self.timers.due(slot_time)
+        return [u for chunk in self.open_slot(slot_time) for u in chunk]
+
+    def open_slot(self, slot_time: int, chunk: int = 1024) -> Iterator[list[Unit]]:
+        """Take slot `slot_time` (the next one) out of the wheel and walk it in chunks.
+
+        The slot counts as loaded at once: later units for it go to the next slot. Its chain
+        as of now is walked lazily, so a large slot does not hold the event loop.
+        """
         self.slot_counts[self._slot_index(slot_time)] = 0
         self.load_time_ms = slot_time + self.cfg.precision_ms
-        return units
+        return self._walk(slot_time, chunk)
+
+    def _walk(self, slot_time: int, chunk: int) -> Iterator[list[Unit]]:
+        out: list[Unit] = []
+        passed: set[int] = set()
+        try:
+            for u in self.timers.walk(slot_time):
+                out.append(u)
+                if len(out) >= chunk:
+                    passed.update(x.pos for x in out)
+                    yield out
+                    out = []
+        except CorruptData as e:
+            # A chain that does not hold together: the TimerLog is the truth, rebuild from it
+            # and walk the slot again, skipping units already passed on.
+            log.error("TimerWheel slot %d damaged (%s); rebuilding the wheel from the TimerLog", slot_time, e)
+            # From the durable read time, not `slot_time`: slots loaded since the checkpoint may
+            # still be in flight and are walked again if we crash before the next checkpoint.
+            self.timers.rebuild(self.timers.log.scan(self.timers.log.start), self.read_time_ms)
+            out = [u for u in self.timers.walk(slot_time) if u.pos not in passed]
+        if out:
+            yield out
 
     def resolve(self, unit: Unit, slot_time: int) -> Due | Record | None:
         """dequeue-get-message: a Due to release, a Record to roll forward, or None (dropped:
@@ -503,9 +544,16 @@ class Store:
         """dequeue-put: make due messages visible. Checks the state once more, so a cancel that
         arrived while the message was in the pipeline still wins. Returns what was released."""
         by_topic: dict[str, list[Due]] = {}
+        seen: set[int] = set()
         for d in items:
+            # One message can come twice in a batch: straight from enqueue-put (its slot had
+            # passed) and from the slot it was also written to. The state check covers earlier
+            # batches; `seen` covers this one.
+            if d.seq in seen:
+                continue
             st, off, _s, _r = self.msgs.get(d.seq)
             if st == MessageState.SCHEDULED and off == d.commit_offset:
+                seen.add(d.seq)
                 by_topic.setdefault(d.topic, []).append(d)
         out = []
         for topic, ds in by_topic.items():
@@ -549,20 +597,35 @@ class Store:
     # ---------------------------------------------------------------------------------- checkpoint
     def checkpoint(self, read_time_ms: int, groups: dict[str, Any]) -> None:
         """Flush every derived structure, then record how far each is complete."""
-        self.timers.flush()
-        self.msgs.flush()
+        cp, fds = self.prepare_checkpoint(read_time_ms, groups)
+        self.finish_checkpoint(cp, fds)
+        self.checkpoint_saved(cp)
+
+    def prepare_checkpoint(self, read_time_ms: int, groups: dict[str, Any]) -> tuple[ckpt.Checkpoint, list[int]]:
+        """Snapshot positions and counters (consistent: nothing runs in between) and collect
+        the fds that must reach the disk before the snapshot may be written."""
+        fds = self.commit.files.dirty_handles() + self.timers.log.files.dirty_handles()
+        fds += self.msgs.dirty_handles()
         for q in self.ready.values():
-            q.flush()
-        self.commit.flush()
+            fds += q.files.dirty_handles()
+        fds.append(self.timers.wheel.dup_fd())  # fsync of the file also writes its mmap'd pages
         cp = ckpt.Checkpoint(
             commit_indexed=self.indexed, commit_end=self.commit.end, timerlog_end=self.timers.log.end,
             read_time_ms=read_time_ms, next_seq=self.next_seq,
             ready_ends={t: q.end for t, q in self.ready.items()},
-            counters={"totals": dict(self.totals), "topics": self.topic_counts},
-            schedule=zlib.compress(self.slot_counts.tobytes(), 1), far_schedule=self.far_counts,
+            counters={"totals": dict(self.totals), "topics": {t: dict(c) for t, c in self.topic_counts.items()}},
+            schedule=zlib.compress(self.slot_counts.tobytes(), 1), far_schedule=dict(self.far_counts),
             groups=groups, created_ms=self.clock_ms())
+        return cp, fds
+
+    def finish_checkpoint(self, cp: ckpt.Checkpoint, fds: list[int]) -> None:
+        """fsync, then write the checkpoint. Touches no shared state: safe in a worker thread."""
+        fsync_all(fds)
         ckpt.save(self.dir / "checkpoint", cp)
-        self.read_time_ms = read_time_ms
+
+    def checkpoint_saved(self, cp: ckpt.Checkpoint) -> None:
+        self.read_time_ms = cp.read_time_ms
+        self.durable_indexed = cp.commit_indexed
 
     # ---------------------------------------------------------------------------------- retention
     def disk_bytes(self) -> int:

@@ -76,14 +76,22 @@ class TimerIndex:
 
     def due(self, slot_time: int) -> list[Unit]:
         """The live units of one slot: DELETE markers applied, oldest first."""
-        slot = self.wheel.get(slot_time)
-        if slot.empty:
-            return []
-        units = list(self.chain(slot_time, slot.last_pos))
-        deleted = {u.seq for u in units if u.magic & UnitMagic.DELETE}
-        live = [u for u in units if not u.magic & UnitMagic.DELETE and u.seq not in deleted]
+        live = list(self.walk(slot_time))
         live.reverse()
         return live
+
+    def walk(self, slot_time: int) -> Iterator[Unit]:
+        """The live units of one slot, newest first, lazily. A DELETE marker is always newer
+        than the unit it cancels, so walking newest-first sees the marker before its target."""
+        slot = self.wheel.get(slot_time)
+        if slot.empty:
+            return
+        deleted: set[int] = set()
+        for u in self.chain(slot_time, slot.last_pos):
+            if u.magic & UnitMagic.DELETE:
+                deleted.add(u.seq)
+            elif u.seq not in deleted:
+                yield u
 
     def chain(self, slot_time: int, last_pos: int) -> Iterator[Unit]:
         """Walk a chain, checking every unit belongs to this slot (damage shows up here)."""

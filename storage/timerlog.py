@@ -36,6 +36,7 @@ UNIT = struct.Struct("<IqIqiqIIQ")
 UNIT_SIZE = UNIT.size  # 52
 assert UNIT_SIZE == 52
 NO_POS = -1
+CHAIN_WINDOW = 64 * UNIT_SIZE * 16  # bytes read at once when walking a chain backwards
 
 
 class UnitMagic(enum.IntFlag):
@@ -112,10 +113,23 @@ class TimerLog:
         return unpack_unit(self.files.read(pos, UNIT_SIZE), 0, pos)
 
     def chain(self, last_pos: int) -> Iterator[Unit]:
-        """Walk a slot's chain from its newest unit back to the first."""
+        """Walk a slot's chain from its newest unit back to the first.
+
+        Units of one slot are mostly written in runs, so the walk reads a window ending at
+        the unit it needs and serves the next few from it instead of one pread per unit.
+        """
         pos = last_pos
+        lo = hi = 0
+        buf = b""
         while pos != NO_POS:
-            unit = self.read(pos)
+            if not lo <= pos < hi:
+                if pos < self.files.start or pos + UNIT_SIZE > self.files.end or pos % UNIT_SIZE:
+                    raise Insane(f"TimerLog position {pos} outside [{self.files.start}, {self.files.end})")
+                base = self.files.segment_of(pos)
+                lo = max(base, pos + UNIT_SIZE - CHAIN_WINDOW)
+                buf = self.files.read(lo, pos + UNIT_SIZE - lo)
+                hi = lo + len(buf)
+            unit = unpack_unit(buf, pos - lo, pos)
             yield unit
             pos = unit.prev_pos
 

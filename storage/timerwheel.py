@@ -162,6 +162,10 @@ class TimerWheel:
     def flush(self) -> None:
         self._mm.flush()
 
+    def dup_fd(self) -> int:
+        """A duplicated fd of the wheel file: fsync(2) on it also writes the dirty mmap'd pages."""
+        return os.dup(self._fd)
+
     def close(self) -> None:
         self._mm.flush()
         self._mm.close()

@@ -7,11 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from client import RetryPolicy
 from tests.client.fakebroker import FakeBroker
-
-# Retries in tests: same rules, tiny pauses, so a test of "503 then 200" takes milliseconds.
-FAST_RETRY = RetryPolicy(attempts=4, base_delay_ms=5, max_delay_ms=20)
 
 
 @pytest.fixture

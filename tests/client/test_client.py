@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import threading
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import pytest
 
@@ -21,29 +19,8 @@ from client import (
     NotFound,
     OutgoingMessage,
 )
-from tests.client.conftest import FAST_RETRY
 from tests.client.fakebroker import FakeBroker
-
-
-class Either:
-    """Calls a method on an AsyncClient, or on a blocking Client in a worker thread."""
-
-    def __init__(self, kind: str, url: str, encoding: str) -> None:
-        self.kind = kind
-        self.client: AsyncClient | Client = (AsyncClient if kind == "async" else Client)(
-            url, encoding=encoding, retry=FAST_RETRY)
-
-    async def __call__(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        fn = getattr(self.client, method)
-        if self.kind == "async":
-            return await fn(*args, **kwargs)
-        return await asyncio.to_thread(fn, *args, **kwargs)
-
-    async def close(self) -> None:
-        if isinstance(self.client, AsyncClient):
-            await self.client.close()
-        else:
-            await asyncio.to_thread(self.client.close)
+from tests.client.helpers import Either
 
 
 @pytest.fixture(params=[("async", "msgpack"), ("async", "json"), ("sync", "msgpack"), ("sync", "json")],

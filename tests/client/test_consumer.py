@@ -4,21 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
-from collections.abc import Callable
 
 import pytest
 
 from client import AsyncClient, AsyncConsumer, Client, Consumer, ReceivedMessage
 from tests.client.fakebroker import FakeBroker
-
-
-async def until(predicate: Callable[[], object], timeout_s: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
+from tests.client.helpers import until
 
 
 async def test_failing_handler_ends_in_dead_letters(fake: FakeBroker) -> None:

@@ -26,8 +26,8 @@ from client import (
     UnsupportedMediaType,
 )
 from client.http import RetryPolicy, parse_retry_after
-from tests.client.conftest import FAST_RETRY
 from tests.client.fakebroker import FakeBroker, Reply
+from tests.client.helpers import FAST_RETRY
 from tests.support.daemon import free_port
 
 

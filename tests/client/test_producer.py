@@ -9,8 +9,8 @@ import time
 import pytest
 
 from client import AsyncClient, AsyncProducer, Client, InvalidMessage, Producer, Unavailable
-from tests.client.conftest import FAST_RETRY
 from tests.client.fakebroker import FakeBroker, Reply
+from tests.client.helpers import FAST_RETRY
 
 
 def batch_sizes(fake: FakeBroker) -> list[int]:

@@ -1,0 +1,166 @@
+"""Drive a Store the way the broker's pipeline does, on a fake clock (used by the storage model
+tests and tests/robustness/test_storage_corruption.py).
+
+enqueue-get/put: `read_records` from `indexed` + `index`, plus the late list; dequeue-get: load
+every slot whose start is <= now; dequeue-get-message: `resolve`, rolling far ones forward;
+dequeue-put: `release` each Due only once the clock has reached its `deliver_at`.
+
+Run as `python -m tests.storage.driver DATA_DIR SEED` it is the child of the kill -9 test:
+it produces, cancels and delivers with a seeded RNG and prints one line per acknowledged
+operation (after the commit log is flushed) until it is killed.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from storage.commitlog import Record
+from storage.msgtable import MessageState
+from storage.readyqueue import ReadyUnit
+from storage.store import Due, NewMessage, Store, StoreConfig
+
+TOPICS = ("orders", "mail")
+
+# Tiny geometry so that a test crosses segments, laps and rolls within a few seconds of fake time.
+SMALL = StoreConfig(precision_ms=10, roll_window_ms=200, commit_segment_bytes=4096, timerlog_segment_units=16,
+                    ready_segment_units=8, msgtable_segment_entries=64)
+
+
+@dataclass
+class Driver:
+    store: Store
+    clock: list[int]  # the fake wall clock, shared with the Store's clock_ms
+    lookahead_ms: int = 0
+    pending: list[Due] = field(default_factory=list)
+    released: list[Due] = field(default_factory=list)
+    blocked: int = 0
+
+    @property
+    def now(self) -> int:
+        return self.clock[0]
+
+    @now.setter
+    def now(self, value: int) -> None:
+        assert value >= self.clock[0], "the fake clock only moves forward"
+        self.clock[0] = value
+
+    def enqueue(self) -> None:
+        s = self.store
+        while True:
+            recs, _pos = s.read_records(s.indexed, 256)
+            if not recs:
+                return
+            n = s.index(recs, self.now)
+            self.pending.extend(s.take_late())
+            if n < len(recs):  # the next unit would overwrite an unread lap: wait for a checkpoint
+                self.blocked += 1
+                return
+
+    def dequeue(self) -> None:
+        s = self.store
+        p = s.cfg.precision_ms
+        while s.load_time_ms <= self.now + self.lookahead_ms:
+            t = s.load_time_ms
+            for unit in s.load_slot(t):
+                r = s.resolve(unit, t)
+                if r is None:
+                    continue
+                if isinstance(r, Record):
+                    assert r.deliver_at > t, "a message due now must not be rolled again"
+                    s.roll_forward(r)
+                    continue
+                # A Due never leaves a slot before its own (the timer side is never early).
+                assert r.deliver_at - r.deliver_at % p <= t, (r, t)
+                self.pending.append(r)
+
+    def release(self) -> list[Due]:
+        ready = [d for d in self.pending if d.deliver_at <= self.now]
+        if not ready:
+            return []
+        self.pending = [d for d in self.pending if d.deliver_at > self.now]
+        out = self.store.release(ready, self.now)
+        for d in out:
+            assert d.deliver_at <= self.now
+        self.released.extend(out)
+        return out
+
+    def step(self) -> list[Due]:
+        self.enqueue()
+        self.dequeue()
+        self.enqueue()  # roll copies and late ones
+        return self.release()
+
+    def read_time(self) -> int:
+        """Every slot before this time is fully dispatched (nothing of it still in flight)."""
+        return min([self.store.load_time_ms] + [d.slot_time for d in self.pending])
+
+    def checkpoint(self) -> None:
+        self.store.checkpoint(self.read_time(), {})
+
+    def advance(self, ms: int, tick: int = 7, checkpoint_every_ms: int = 50) -> None:
+        end = self.now + ms
+        last_cp = self.now
+        while self.now < end:
+            self.now = min(end, self.now + tick)
+            self.step()
+            if self.now - last_cp >= checkpoint_every_ms:
+                self.checkpoint()
+                last_cp = self.now
+                self.enqueue()
+
+
+def open_store(d: Path, clock: list[int], cfg: StoreConfig = SMALL) -> Store:
+    s = Store(d, cfg, clock_ms=lambda: clock[0])
+    s.recover()
+    return s
+
+
+def topic_of(store: Store, seq: int) -> str:
+    _st, off, size, _roll = store.state(seq)
+    return store.read_record(off, size).topic
+
+
+def ready_units(store: Store) -> dict[str, list[ReadyUnit]]:
+    return {t: list(q.scan(0)) for t, q in store.ready.items()}
+
+
+def delivered_seqs(store: Store) -> list[int]:
+    return [u.seq for units in ready_units(store).values() for u in units]
+
+
+def drain(drv: Driver, until: int, tick: int = 9) -> None:
+    """Run the pipeline until the clock reaches `until`, checkpointing as the broker does."""
+    while drv.now < until:
+        drv.advance(min(until - drv.now, 200), tick=tick)
+
+
+def child(data_dir: Path, seed: int) -> None:
+    rng = random.Random(seed)
+    clock = [1_000_000]
+    s = open_store(data_dir, clock)
+    drv = Driver(s, clock)
+    print("ready", flush=True)
+    while True:
+        op = rng.random()
+        if op < 0.5:
+            msgs = [NewMessage(rng.choice(TOPICS), b"m%d" % rng.randrange(10**6),
+                               drv.now + rng.randrange(-20, 900)) for _ in range(rng.randrange(1, 6))]
+            seqs = s.append_messages(msgs, drv.now)
+            s.flush_commit()
+            print("ack", drv.now, *(f"{q}:{m.deliver_at}" for q, m in zip(seqs, msgs, strict=True)), flush=True)
+        elif op < 0.6 and s.next_seq > 1:
+            seq = rng.randrange(1, s.next_seq)
+            if s.state(seq)[0] == MessageState.SCHEDULED:
+                s.append_cancel(seq, topic_of(s, seq))
+                s.flush_commit()
+                print("cancel", seq, flush=True)
+        else:
+            drv.advance(rng.randrange(1, 40))
+            print("clock", drv.now, flush=True)
+
+
+if __name__ == "__main__":
+    child(Path(sys.argv[1]), int(sys.argv[2]))

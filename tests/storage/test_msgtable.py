@@ -1,0 +1,78 @@
+"""Message table: 16-byte entries addressed by sequence number, segment files, pread/pwrite."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+from storage.msgtable import ENTRY, ENTRY_SIZE, MessageState, MessageTable
+
+
+def test_entry_fields_at_their_offsets(tmp_path: Path) -> None:
+    t = MessageTable(tmp_path / "mt", segment_entries=8)
+    t.set(11, MessageState.SCHEDULED, 2**40 + 3, 777, roll_count=4)
+    t.flush()
+    raw = (tmp_path / "mt" / f"{1:020d}").read_bytes()[3 * 16:4 * 16]
+    assert ENTRY_SIZE == ENTRY.size == 16
+    assert raw[0] == MessageState.SCHEDULED  # state
+    assert raw[1] == 0  # flags
+    assert struct.unpack_from("<H", raw, 2)[0] == 4  # roll_count
+    assert struct.unpack_from("<I", raw, 4)[0] == 777  # size
+    assert struct.unpack_from("<q", raw, 8)[0] == 2**40 + 3  # offset
+    t.close()
+
+
+def test_round_trip_and_reopen(tmp_path: Path) -> None:
+    t = MessageTable(tmp_path / "mt", segment_entries=8)
+    for state in MessageState:
+        t.set(int(state) + 1, state, 100 * int(state), 10, int(state))
+    assert t.get(3) == (MessageState.DELIVERED, 200, 10, 2)
+    t.close()
+    t = MessageTable(tmp_path / "mt", segment_entries=8)
+    assert t.get(4) == (MessageState.CANCELLED, 300, 10, 3)
+    t.close()
+
+
+def test_unknown_entries(tmp_path: Path) -> None:
+    t = MessageTable(tmp_path / "mt", segment_entries=8)
+    assert t.get(5) == (MessageState.UNKNOWN, -1, 0, 0)  # no segment
+    t.set(1, MessageState.SCHEDULED, 5, 5)
+    assert t.get(7) == (MessageState.UNKNOWN, -1, 0, 0)  # past the end of the file
+    assert t.get(0)[0] == MessageState.UNKNOWN  # a hole
+    t.set(2, MessageState.SCHEDULED, 5, 5)
+    import os
+    os.pwrite(t._fd(0), bytes((99,)), 2 * ENTRY_SIZE)  # a state this build does not know
+    assert t.get(2) == (MessageState.UNKNOWN, -1, 0, 0)
+    t.close()
+
+
+def test_set_state_keeps_the_rest(tmp_path: Path) -> None:
+    t = MessageTable(tmp_path / "mt", segment_entries=8)
+    t.set(3, MessageState.SCHEDULED, 4096, 90, 2)
+    t.set_state(3, MessageState.DELIVERED)
+    assert t.get(3) == (MessageState.DELIVERED, 4096, 90, 2)
+    t.close()
+
+
+def test_set_run_crosses_segments(tmp_path: Path) -> None:
+    t = MessageTable(tmp_path / "mt", segment_entries=4)
+    entries = [(MessageState.SCHEDULED, 1000 + i, 50 + i, i % 3) for i in range(10)]
+    t.set_run(3, entries)
+    assert sorted(p.name for p in (tmp_path / "mt").iterdir()) == [f"{i:020d}" for i in range(4)]
+    for i, (st, off, size, roll) in enumerate(entries):
+        assert t.get(3 + i) == (st, off, size, roll)
+    t.close()
+
+
+def test_delete_before_drops_whole_segments_only(tmp_path: Path) -> None:
+    t = MessageTable(tmp_path / "mt", segment_entries=4)
+    t.set_run(0, [(MessageState.DELIVERED, i, 1, 0) for i in range(12)])
+    assert t.delete_before(9) == 2  # segments 0 and 1; 8..11 stays
+    assert t.get(7)[0] == MessageState.UNKNOWN
+    assert t.get(8) == (MessageState.DELIVERED, 8, 1, 0)
+    assert t.disk_bytes() == 4 * ENTRY_SIZE
+    t.set(1, MessageState.SCHEDULED, 1, 1)  # a deleted segment comes back on write
+    t.reset()
+    assert list((tmp_path / "mt").iterdir()) == []
+    assert t.get(8)[0] == MessageState.UNKNOWN
+    t.close()
