@@ -45,6 +45,7 @@ import math
 import os
 import platform
 import random
+import re
 import shutil
 import signal
 import socket
@@ -317,14 +318,17 @@ class PySpy:
 
 
 _SPIES: list[PySpy] = []
+_LINENO = re.compile(r":\d+\)$")
 PROFILES: dict[str, dict[str, Any]] = {}
 
 
-def summarize_profile(path: Path, top: int = 15) -> dict[str, Any]:
+def summarize_profile(path: Path, top: int = 25) -> dict[str, Any]:
     """Self and inclusive sample shares per frame ("func (file:line)") from a collapsed-stack file."""
     total = 0
     self_c: dict[str, int] = {}
     incl_c: dict[str, int] = {}
+    self_fn: dict[str, int] = {}  # self samples per function (line numbers dropped)
+    incl_fn: dict[str, int] = {}
     try:
         lines = path.read_text(errors="replace").splitlines()
     except OSError:
@@ -339,11 +343,22 @@ def summarize_profile(path: Path, top: int = 15) -> dict[str, Any]:
         self_c[frames[-1]] = self_c.get(frames[-1], 0) + c
         for f in set(frames):
             incl_c[f] = incl_c.get(f, 0) + c
+        fns = [_LINENO.sub(")", f) for f in frames]
+        self_fn[fns[-1]] = self_fn.get(fns[-1], 0) + c
+        for f in set(fns):
+            incl_fn[f] = incl_fn.get(f, 0) + c
 
     def topn(d: dict[str, int]) -> list[list[Any]]:
         return [[f, round(100 * c / total, 1)] for f, c in sorted(d.items(), key=lambda kv: -kv[1])[:top]]
 
-    return {"file": str(path), "samples": total, "self_pct": topn(self_c), "inclusive_pct": topn(incl_c)}
+    return {
+        "file": str(path),
+        "samples": total,
+        "self_pct": topn(self_c),
+        "self_by_function_pct": topn(self_fn),
+        "inclusive_by_function_pct": topn(incl_fn),
+        "inclusive_pct": topn(incl_c),
+    }
 
 
 class DaemonServer(ServerProc):
@@ -1034,6 +1049,7 @@ async def burst_delayd(ctx: Ctx, m: int) -> dict[str, Any]:
                 "acked": acker.acked,
                 "ack_stale": acker.stale,
                 "drain": drain_cpu.as_dict(),
+                "drain_msg_per_s": len(seen) / max(0.001, (last_recv - t_due) / 1000),
                 "server_rss_bytes": srv.rss_bytes(),
                 "server_vm": srv.vm_status(),
                 **lateness_summary(lat),
@@ -1092,6 +1108,7 @@ async def burst_redis(ctx: Ctx, m: int) -> dict[str, Any]:
             "slack_before_due_s": slack_ms / 1000,
             "all_pulled_after_due_s": (last_recv - t_due) / 1000 if got >= m else None,
             "drain": drain_cpu.as_dict(),
+            "drain_msg_per_s": got / max(0.001, (last_recv - t_due) / 1000),
             "server_rss_bytes": srv.rss_bytes(),
             **lateness_summary(lat),
         }
@@ -1257,15 +1274,49 @@ async def memory_restart_redis(ctx: Ctx, p: int, do_memory: bool, do_restart: bo
 WORKLOADS = ("produce", "accuracy", "burst", "memory", "restart")
 
 
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine has been busy (all cores), from /proc/stat."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+        v = [int(x) for x in fields]
+        busy = (
+            v[0] + v[1] + v[2] + v[5] + v[6] + (v[7] if len(v) > 7 else 0)
+        )  # user nice system irq softirq steal
+        return busy / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+
+
+def own_cpu_s() -> float:
+    """CPU seconds of this process plus every child it has reaped (the servers, once stopped)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
 async def run_side(ctx: Ctx, name: str, side: str, coro: Awaitable[dict[str, Any]]) -> dict[str, Any]:
     log(f"{name}: {side} ...")
     t0 = time.perf_counter()
+    m0, o0 = machine_busy_s(), own_cpu_s()
     try:
         res = await coro
     except Exception as e:  # noqa: BLE001 - one failure (timeouts included) must not sink the run
         log(f"{name}: {side} FAILED: {e!r}")
         res = {"error": f"{type(e).__name__}: {e}"[:4000]}
-    log(f"{name}: {side} done in {time.perf_counter() - t0:.1f}s")
+    wall = time.perf_counter() - t0
+    # Other processes on the machine compete for the same cores: say how much they took.
+    other = max(0.0, (machine_busy_s() - m0) - (own_cpu_s() - o0))
+    share = other / (wall * (os.cpu_count() or 1)) if wall > 0 else 0.0
+    res["env"] = {
+        "wall_s": wall,
+        "other_processes_cpu_s": other,
+        "other_processes_cpu_share_pct": 100 * share,
+        "loadavg_end": os.getloadavg()[0],
+    }
+    log(f"{name}: {side} done in {wall:.1f}s (other processes used {100 * share:.0f}% of the machine)")
+    if share > 0.05:
+        log(
+            f"WARNING: {name}/{side}: other processes used {100 * share:.0f}% of the CPU; numbers are disturbed"
+        )
     return res
 
 
@@ -1308,6 +1359,7 @@ async def run_all(ctx: Ctx) -> None:
             for key in ("memory", "restart"):
                 if key in res:
                     res[key][side] = both.get(key, {"error": both.get("error", "not measured")})
+                    res[key][side]["env"] = both["env"]
 
 
 def fmt(v: Any, unit: str) -> str:
@@ -1409,6 +1461,8 @@ def table_rows(res: dict[str, Any], args: argparse.Namespace) -> list[dict[str, 
             f"<= {TARGET_BURST_S:g}",
             lambda d, r: d <= TARGET_BURST_S,
         )
+        row("burst", "received before the time bound", "msgs", "received")
+        row("burst", "drain rate (received / drain wall time)", "msg/s", "drain_msg_per_s")
         row("burst", "lateness p50", "ms", "p50_ms")
         row("burst", "lateness p99", "ms", "p99_ms")
         row("burst", "lateness max", "ms", "max_ms")
@@ -1442,6 +1496,9 @@ def table_rows(res: dict[str, Any], args: argparse.Namespace) -> list[dict[str, 
         row("restart", "process start to ready", "s", "spawn_to_ready_s")
         row("restart", "probe (due 0.5s after kill) received after kill", "s", "probe_received_after_kill_s")
         row("restart", "probe lateness", "ms", "probe_lateness_ms")
+    for wl in WORKLOADS:
+        if wl in res:
+            row(wl, "other processes' CPU share during the run", "%", "env.other_processes_cpu_share_pct")
     return rows
 
 

@@ -107,11 +107,9 @@ def _run_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         import uvloop
-        runner = uvloop.run
+        return int(uvloop.run(serve(cfg)))
     except ImportError:  # pragma: no cover - uvloop is a dependency; keep running without it
-        runner = asyncio.run
-    try:
-        return int(runner(serve(cfg)))
+        return int(asyncio.run(serve(cfg)))
     except OSError as e:
         log.error("cannot start: %s", e)
         return 1

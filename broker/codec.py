@@ -63,11 +63,13 @@ def decode(raw: bytes, fmt: str) -> Any:
         if fmt == MSGPACK:
             return msgpack.unpackb(raw, raw=False, strict_map_key=True, max_bin_len=len(raw),
                                    max_str_len=len(raw), max_array_len=100_000, max_map_len=100_000)
-        return json.loads(raw)
+        # JSON is UTF-8 (RFC 8259 §8.1): json.loads(bytes) would also guess UTF-16/32, so decode
+        # strictly here. A leading BOM may be ignored, which utf-8-sig does.
+        return json.loads(raw.decode("utf-8-sig"))
     except RecursionError as e:
         raise errors.InvalidJson("body is nested too deeply") from e
     except (ValueError, TypeError, msgpack.UnpackException, msgpack.ExtraData) as e:
-        raise errors.InvalidJson(f"body is not valid {fmt.split('/')[1]}: {e}") from e
+        raise errors.InvalidJson(f"body is not valid {fmt.split('/')[1]}: {e or type(e).__name__}") from e
 
 
 def encode(obj: Any, fmt: str) -> bytes:
@@ -99,6 +101,16 @@ def int_field(body: dict[str, Any], name: str, default: int | None, lo: int, hi:
     if not _int(v) or not lo <= v <= hi:
         raise errors.InvalidParameter(f"{name} must be an integer in [{lo}, {hi}]")
     return int(v)
+
+
+def only(body: dict[str, Any], allowed: set[str]) -> dict[str, Any]:
+    """Reject fields this request does not take: a misspelt `lease_ms` must not silently
+    become the 30 s default."""
+    extra = set(body) - allowed
+    if extra:
+        raise errors.InvalidParameter(f"unknown fields {sorted(map(str, extra))}; this request takes "
+                                      f"{sorted(allowed)}")
+    return body
 
 
 def str_list(body: dict[str, Any], name: str, *, required: bool, max_items: int = 10_000) -> list[str] | None:
@@ -155,7 +167,11 @@ def parse_message(topic: str, m: Any, index: int, cfg: Config, now_ms: int) -> t
     if "body" in m:
         b = m["body"]
         if isinstance(b, str):
-            body = b.encode("utf-8", "surrogatepass") if _has_surrogates(b) else b.encode()
+            # A lone surrogate (JSON "\ud800") is not text: stored as CESU bytes it would come
+            # back as body_b64, not the way it was produced.
+            if _has_surrogates(b):
+                raise bad("body must be valid Unicode text (lone surrogate); send binary as body_b64")
+            body = b.encode()
         elif isinstance(b, bytes):
             body = b
         else:

@@ -133,7 +133,7 @@ def _tokens(raw: Any) -> tuple[Token, ...]:
 
 def load(config_file: str | None = None, env: dict[str, str] | None = None,
          flags: dict[str, Any] | None = None) -> Config:
-    env = os.environ if env is None else env
+    environ: Any = os.environ if env is None else env
     values: dict[str, Any] = {}
     types = {f.name: f.type for f in fields(Config)}
     if config_file:
@@ -148,8 +148,8 @@ def load(config_file: str | None = None, env: dict[str, str] | None = None,
         values.update(data)
     for name in types:
         key = "DELAYD_" + name.upper()
-        if key in env and name != "tokens":
-            values[name] = env[key]
+        if key in environ and name != "tokens":
+            values[name] = environ[key]
     for name, v in (flags or {}).items():
         if v is not None:
             values[name] = v

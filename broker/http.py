@@ -10,6 +10,7 @@ from __future__ import annotations
 import fnmatch
 import hmac
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -32,6 +33,20 @@ def reply(request: web.Request, obj: Any, status: int = 200) -> web.Response:
     fmt = codec.response_format(request.method, request.headers.get("Content-Type"),
                                 request.headers.get("Accept"))
     return web.Response(body=codec.encode(obj, fmt), status=status, content_type=fmt)
+
+
+QUERY_INT = re.compile(r"-?[0-9]{1,18}")
+
+
+def query_int(request: web.Request, name: str, default: str | None = None) -> int:
+    """An integer query parameter, in plain ASCII digits: int() alone would also take '1_0',
+    ' 5', '+5' and other scripts' digits."""
+    raw = request.query.get(name, default)
+    if raw is None:
+        raise errors.InvalidParameter(f"query parameter {name} is required")
+    if not QUERY_INT.fullmatch(raw):
+        raise errors.InvalidParameter(f"query parameter {name} must be an integer, not {raw[:40]!r}")
+    return int(raw)
 
 
 def fmt_of(request: web.Request) -> str:
@@ -118,7 +133,7 @@ async def produce(request: web.Request) -> web.Response:
     authorize(request, "produce", topic)
     broker = request.app[BROKER]
     req = codec.parse_produce(topic, await read_body(request), request.app[CONFIG], broker.clock.now_ms())
-    results = await broker.produce(req.messages)
+    results = await broker.produce(req.messages, req.replace)
     return reply(request, {"messages": [{"id": r.id, "deliver_at": r.deliver_at, "duplicate": r.duplicate}
                                         for r in results]})
 
@@ -143,17 +158,35 @@ async def get_message(request: web.Request) -> web.Response:
     return reply(request, {**codec.message_view(message_id, rec, fmt_of(request)), "state": state})
 
 
-async def keys_not_yet(request: web.Request) -> web.Response:
-    topic = topic_of(request)
+def key_of(request: web.Request) -> str:
+    key = request.match_info["key"]
+    if not 1 <= len(key.encode(errors="surrogatepass")) <= codec.MAX_KEY_BYTES:
+        raise errors.InvalidParameter(f"a key is 1-{codec.MAX_KEY_BYTES} bytes")
+    return key
+
+
+async def cancel_key(request: web.Request) -> web.Response:
+    topic, key = topic_of(request), key_of(request)
     authorize(request, "produce", topic)
-    raise errors.NotFound(f"no pending message with key {request.match_info['key']!r} in {topic}")
+    broker = request.app[BROKER]
+    return reply(request, await broker.cancel(broker.id_for_key(topic, key)))
+
+
+async def get_key(request: web.Request) -> web.Response:
+    topic, key = topic_of(request), key_of(request)
+    token = request.get("token")
+    authorize(request, "consume" if token is not None and "produce" not in token.rights else "produce", topic)
+    broker = request.app[BROKER]
+    message_id = broker.id_for_key(topic, key)
+    rec, state = broker.get(message_id)
+    return reply(request, {**codec.message_view(message_id, rec, fmt_of(request)), "state": state})
 
 
 # -- consume ----------------------------------------------------------------------------------
 async def subscribe(request: web.Request) -> web.Response:
     topic, name = topic_of(request), group_of(request)
     authorize(request, "consume", topic)
-    body = codec.obj(await read_body(request))
+    body = codec.only(codec.obj(await read_body(request)), {"start", "max_attempts"})
     start = body.get("start", "earliest")
     if start not in ("earliest", "latest"):
         raise errors.InvalidParameter("start must be 'earliest' or 'latest'")
@@ -165,7 +198,7 @@ async def subscribe(request: web.Request) -> web.Response:
 async def pull(request: web.Request) -> web.Response:
     topic, name = topic_of(request), group_of(request)
     authorize(request, "consume", topic)
-    body = codec.obj(await read_body(request))
+    body = codec.only(codec.obj(await read_body(request)), {"max", "wait_ms", "lease_ms", "tags"})
     max_n = codec.int_field(body, "max", 100, 1, 1000)
     wait_ms = codec.int_field(body, "wait_ms", 0, 0, 30_000)
     lease_ms = codec.int_field(body, "lease_ms", 30_000, 1000, 12 * 3_600_000)
@@ -186,7 +219,8 @@ async def settle(request: web.Request) -> web.Response:
     topic, name = topic_of(request), group_of(request)
     authorize(request, "consume", topic)
     op = request.match_info["op"]
-    body = codec.obj(await read_body(request))
+    allowed = {"ack": {"receipts"}, "nack": {"receipts", "delay_ms"}, "extend": {"receipts", "lease_ms"}}[op]
+    body = codec.only(codec.obj(await read_body(request)), allowed)
     receipts = codec.str_list(body, "receipts", required=True) or []
     broker = request.app[BROKER]
     if op == "ack":
@@ -206,10 +240,7 @@ async def settle(request: web.Request) -> web.Response:
 async def dead(request: web.Request) -> web.Response:
     topic, name = topic_of(request), group_of(request)
     authorize(request, "consume", topic)
-    try:
-        limit = int(request.query.get("limit", "100"))
-    except ValueError:
-        raise errors.InvalidParameter("limit must be an integer") from None
+    limit = query_int(request, "limit", "100")
     if not 1 <= limit <= 1000:
         raise errors.InvalidParameter("limit must be in [1, 1000]")
     broker = request.app[BROKER]
@@ -227,7 +258,7 @@ async def dead(request: web.Request) -> web.Response:
 async def redrive(request: web.Request) -> web.Response:
     topic, name = topic_of(request), group_of(request)
     authorize(request, "consume", topic)
-    body = codec.obj(await read_body(request))
+    body = codec.only(codec.obj(await read_body(request)), {"ids"})
     ids = codec.str_list(body, "ids", required=False)
     n = await request.app[BROKER].redrive(topic, name, ids)
     return reply(request, {"redriven": n})
@@ -241,12 +272,7 @@ async def stats(request: web.Request) -> web.Response:
 
 async def schedule(request: web.Request) -> web.Response:
     authorize(request, "admin")
-    try:
-        start, end, step = (int(request.query[k]) for k in ("from", "to", "step_ms"))
-    except KeyError as e:
-        raise errors.InvalidParameter(f"query parameter {e.args[0]} is required") from None
-    except ValueError:
-        raise errors.InvalidParameter("from, to and step_ms must be integers (epoch ms / ms)") from None
+    start, end, step = (query_int(request, k) for k in ("from", "to", "step_ms"))
     if step <= 0 or end <= start:
         raise errors.InvalidParameter("need step_ms > 0 and to > from")
     if (end - start + step - 1) // step > 10_000:
@@ -293,8 +319,8 @@ def make_app(broker: Broker, config: Config, metrics_obj: Any) -> web.Applicatio
         web.post(f"{t}/messages", produce),
         web.delete("/v1/messages/{id}", cancel),
         web.get("/v1/messages/{id}", get_message, allow_head=False),
-        web.delete(f"{t}/keys/{{key}}", keys_not_yet),
-        web.get(f"{t}/keys/{{key}}", keys_not_yet, allow_head=False),
+        web.delete(f"{t}/keys/{{key}}", cancel_key),
+        web.get(f"{t}/keys/{{key}}", get_key, allow_head=False),
         web.put(g, subscribe),
         web.post(f"{g}/pull", pull),
         web.post(f"{g}/{{op:ack|nack|extend}}", settle),

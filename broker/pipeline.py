@@ -264,7 +264,7 @@ class DequeuePut(Stage):
                     heapq.heappush(heap, (d.deliver_at, d.seq, d))
             now = self.clock.now_ms()
             if heap and heap[0][0] <= now:
-                due = []
+                due: list[Due] = []
                 while heap and heap[0][0] <= now and len(due) < 4096:
                     due.append(heapq.heappop(heap)[2])
                 released = self.store.release(due, now)

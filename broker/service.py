@@ -106,6 +106,7 @@ class Broker:
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(self.cfg.checkpoint_interval_ms / 1000)
+            self.expire_keys()
             cp, fds = self.store.prepare_checkpoint(self.pipeline.inflight.read_time(), self.groups.snapshot())
             try:
                 # The fsyncs take the disk's time, not the event loop's.
@@ -142,19 +143,61 @@ class Broker:
             raise errors.NotReady("recovery is still running", retry_after_s=1)
         return self.store
 
-    async def produce(self, messages: list[NewMessage]) -> list[Produced]:
+    async def produce(self, messages: list[NewMessage], replace: list[bool] | None = None) -> list[Produced]:
+        """Store messages (all or nothing) and answer once they are durable.
+
+        Keys: a key held by a pending message (or one delivered within the dedup window)
+        makes the message a duplicate: nothing is stored and the holder is answered. With
+        `replace`, a pending holder is cancelled in the same atomic write instead. Everything
+        from lookup to append runs without yielding, so two concurrent produces of one key
+        cannot both store a message.
+        """
         store = self._require_ready()
         if store.commit.end - store.indexed > self.cfg.max_unindexed_bytes:
             raise errors.Backpressure("indexing is behind; retry shortly", retry_after_s=1)
         now = self.clock.now_ms()
-        try:
-            seqs = store.append_messages(messages, now)
-        except StorageError as e:
-            raise errors.from_storage(e) from e
-        assert self.pipeline is not None
-        self.pipeline.appended.set()
+        replace = replace or [False] * len(messages)
+        results: list[Produced | int | None] = [None] * len(messages)  # int: index of an earlier new one
+        fresh: list[NewMessage] = []
+        fresh_at: list[int] = []
+        cancels: list[tuple[int, str, str | None]] = []
+        in_batch: dict[str, int] = {}
+        for i, m in enumerate(messages):
+            if m.key is not None:
+                if m.key in in_batch:
+                    if replace[i]:
+                        raise errors.InvalidMessage(f"message {i}: key {m.key!r} repeats in this batch", index=i)
+                    results[i] = in_batch[m.key]
+                    continue
+                holder = store.key_holder(m.topic, m.key)
+                if holder is not None:
+                    seq, st, deliver_at, done_at = holder
+                    if st == MessageState.SCHEDULED and replace[i]:
+                        cancels.append((seq, m.topic, m.key))
+                    elif st == MessageState.SCHEDULED or (
+                            not replace[i] and now - (done_at or deliver_at) < self.cfg.dedup_window_ms):
+                        results[i] = Produced(self.message_id(seq), deliver_at, duplicate=True)
+                        continue
+                in_batch[m.key] = i
+            fresh.append(m)
+            fresh_at.append(i)
+        if fresh:
+            try:
+                seqs = store.append_messages(fresh, now, cancels)
+            except StorageError as e:
+                raise errors.from_storage(e) from e
+            for i, seq, m in zip(fresh_at, seqs, fresh, strict=True):
+                results[i] = Produced(self.message_id(seq), m.deliver_at)
+            assert self.pipeline is not None
+            self.pipeline.appended.set()
+        for i, r in enumerate(results):
+            if isinstance(r, int):
+                first = results[r]
+                assert isinstance(first, Produced)
+                results[i] = Produced(first.id, first.deliver_at, duplicate=True)
+        # Also for pure duplicates: the holder may itself still be on its way to the disk.
         await self._durable()
-        return [Produced(self.message_id(s), m.deliver_at) for s, m in zip(seqs, messages, strict=True)]
+        return [r for r in results if isinstance(r, Produced)]
 
     async def _durable(self) -> None:
         assert self.committer is not None
@@ -173,9 +216,9 @@ class Broker:
         if st == MessageState.DELIVERED:
             raise errors.AlreadyDelivered(f"message {message_id} was already delivered")
         if st == MessageState.SCHEDULED:
-            topic = self._record(off, size, message_id).topic
+            rec = self._record(off, size, message_id)
             try:
-                store.append_cancel(seq, topic)
+                store.append_cancel(seq, rec.topic, rec.key)
             except StorageError as e:
                 raise errors.from_storage(e) from e
             assert self.pipeline is not None
@@ -189,6 +232,16 @@ class Broker:
             return self.store.read_record(offset, size)
         except StorageError as e:
             raise errors.NotFound(f"message {message_id} is no longer readable ({e})") from e
+
+    def id_for_key(self, topic: str, key: str) -> str:
+        holder = self._require_ready().key_holder(topic, key)
+        if holder is None:
+            raise errors.NotFound(f"no pending message with key {key!r} in topic {topic!r}")
+        return self.message_id(holder[0])
+
+    def expire_keys(self) -> None:
+        if self.store is not None:
+            self.store.keys.expire(self.clock.now_ms() - self.cfg.dedup_window_ms)
 
     # ---------------------------------------------------------------------------------- inspect
     def get(self, message_id: str) -> tuple[Record, str]:

@@ -22,6 +22,7 @@ from client.errors import (
     Forbidden,
     InvalidMessage,
     InvalidName,
+    InvalidParameter,
     InvalidRequest,
     NotFound,
     ProtocolError,
@@ -57,7 +58,7 @@ __all__ = [
     "ConsumerStats", "Encoding", "OutgoingMessage", "RetryPolicy", "HashRing",
     "AckResult", "CancelResult", "DeadLetter", "ExtendResult", "Message", "MessageState", "NackResult",
     "NodeInfo", "ReceivedMessage", "RedriveResult", "ScheduleBucket", "SendResult", "Stats", "Subscription",
-    "DelaydError", "InvalidRequest", "InvalidName", "InvalidMessage", "DelayTooLong", "TooLarge",
+    "DelaydError", "InvalidRequest", "InvalidName", "InvalidMessage", "InvalidParameter", "DelayTooLong", "TooLarge",
     "UnsupportedMediaType", "Unauthorized", "Forbidden", "NotFound", "Conflict", "AlreadyDelivered",
     "Backpressure", "ServerError", "Unavailable", "DiskFull", "ConnectionFailed", "ProtocolError",
 ]

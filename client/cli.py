@@ -98,6 +98,12 @@ def _command(fn: Callable[[argparse.Namespace, Client], int]) -> Callable[[argpa
         except DelaydError as e:
             _err(str(e))
             return _exit_code(e)
+        except BrokenPipeError:
+            # `delayd consume ... | head` closed our stdout; that is not an error. Point stdout at
+            # /dev/null so the interpreter's final flush does not complain again.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            return EXIT_OK
         except (ValueError, TypeError, OSError) as e:
             _err(str(e))
             return EXIT_USAGE
@@ -473,13 +479,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     register(subparsers)
     args = parser.parse_args(argv)
-    try:
-        return int(args.func(args))
-    except BrokenPipeError:
-        # `delayd consume ... | head` closed our stdout; that is not an error.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return EXIT_OK
+    return int(args.func(args))
 
 
 if __name__ == "__main__":

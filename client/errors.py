@@ -8,6 +8,7 @@ callers can catch a family (`except NotFound`) or everything (`except DelaydErro
     ├── InvalidRequest          400  bad input; never retried
     │   ├── InvalidName         400  invalid_name
     │   ├── InvalidMessage      400  invalid_message (has .index in a batch)
+    │   ├── InvalidParameter    400  invalid_parameter: a field out of range
     │   ├── DelayTooLong        400  delay_too_long
     │   ├── TooLarge            413  too_large
     │   └── UnsupportedMediaType 415
@@ -73,6 +74,10 @@ class InvalidName(InvalidRequest):
 
 class InvalidMessage(InvalidRequest):
     default_code = "invalid_message"
+
+
+class InvalidParameter(InvalidRequest):
+    default_code = "invalid_parameter"
 
 
 class DelayTooLong(InvalidRequest):
@@ -142,6 +147,9 @@ class ProtocolError(DelaydError):
 CODE_TO_ERROR: dict[str, type[DelaydError]] = {
     "invalid_request": InvalidRequest,
     "bad_request": InvalidRequest,
+    "invalid_body": InvalidRequest,
+    "method_not_allowed": InvalidRequest,
+    "invalid_parameter": InvalidParameter,
     "invalid_name": InvalidName,
     "invalid_message": InvalidMessage,
     "delay_too_long": DelayTooLong,

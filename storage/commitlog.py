@@ -9,7 +9,8 @@ and never spans two segments):
        4     4   crc          u32   zlib.crc32 of bytes [8, length)
        8     1   version      u8    RECORD_VERSION
        9     1   type         u8    RecordType
-      10     2   flags        u16   reserved, 0
+      10     2   flags        u16   RecordFlag bits (CONTINUED: the next record belongs to
+                                      the same atomic batch)
       12     8   seq          u64   message sequence number (the message id's number)
       20     8   deliver_at   i64   due time, epoch ms (0 for non-message records)
       28     8   produced_at  i64   when the broker accepted the message, epoch ms
@@ -51,6 +52,11 @@ MAX_RECORD = 64 * 1024 * 1024
 SCAN_CHUNK = 1 << 20
 
 
+class RecordFlag(enum.IntFlag):
+    NONE = 0
+    CONTINUED = 1  # not the last record of an atomic batch: a tail that ends here is torn
+
+
 class RecordType(enum.IntEnum):
     MESSAGE = 1  # a produced message
     CANCEL = 2  # cancels message `seq`; body empty
@@ -72,14 +78,15 @@ class Record:
     headers: dict[str, str] | None = field(default=None)
     offset: int = -1
     size: int = 0
+    flags: int = 0
 
 
-def encode(rec: Record) -> bytes:
+def encode(rec: Record, flags: int = 0) -> bytes:
     topic = rec.topic.encode()
     tag = rec.tag.encode() if rec.tag else b""
     key = rec.key.encode() if rec.key else b""
     hdrs = msgpack.packb(rec.headers) if rec.headers else b""
-    rest = _REST.pack(RECORD_VERSION, rec.type, 0, rec.seq, rec.deliver_at, rec.produced_at, rec.roll_count,
+    rest = _REST.pack(RECORD_VERSION, rec.type, flags, rec.seq, rec.deliver_at, rec.produced_at, rec.roll_count,
                       len(topic), len(tag), len(key), len(hdrs), len(rec.body)) + topic + tag + key + hdrs + rec.body
     return _LEN_CRC.pack(len(rest) + 8, zlib.crc32(rest)) + rest
 
@@ -88,7 +95,7 @@ def decode(buf: bytes | memoryview, pos: int = 0, offset: int = -1, *, verify: b
     """Decode the record at `buf[pos:]`. Raises TornRecord, ChecksumMismatch or UnsupportedVersion."""
     if len(buf) - pos < HEADER_SIZE:
         raise TornRecord(f"header cut at {offset}")
-    (length, crc, version, rtype, _flags, seq, deliver_at, produced_at, roll,
+    (length, crc, version, rtype, flags, seq, deliver_at, produced_at, roll,
      tl, gl, kl, hl, bl) = HEADER.unpack_from(buf, pos)
     if length < HEADER_SIZE or length > MAX_RECORD or length != HEADER_SIZE + tl + gl + kl + hl + bl:
         raise ChecksumMismatch(f"impossible length {length} at {offset}")
@@ -111,7 +118,8 @@ def decode(buf: bytes | memoryview, pos: int = 0, offset: int = -1, *, verify: b
     tag = b[tl:k].decode() if gl else None
     key = b[k:h].decode() if kl else None
     headers = msgpack.unpackb(b[h:bo]) if hl else None
-    return Record(rtype, seq, topic, b[bo:bo + bl], deliver_at, produced_at, roll, tag, key, headers, offset, length)
+    return Record(rtype, seq, topic, b[bo:bo + bl], deliver_at, produced_at, roll, tag, key, headers, offset, length,
+                  flags)
 
 
 @dataclass(slots=True)
@@ -145,6 +153,10 @@ class CommitLog:
         offsets: list[int] = []
         batch: list[bytes] = []
         size = 0
+        total = sum(len(d) for d in encoded)
+        if self.files.remaining() < total <= self.files.segment_bytes:
+            # Keep a batch in one write (and one segment): a crash leaves all of it or none.
+            self.files.roll()
         room = self.files.remaining()
         for data in encoded:
             if size + len(data) > room and (batch or self.files.end > self.files.bases[-1]):
@@ -249,8 +261,14 @@ class CommitLog:
         """
         report = ScanReport()
         last_good = max(start, self.files.start)
+        batch_start = last_good
         for rec in self.scan(start, report=report):
             last_good = rec.offset + rec.size
+            if not rec.flags & RecordFlag.CONTINUED:
+                batch_start = last_good
+        if batch_start < last_good:
+            # The tail ends inside an atomic batch (a torn multi-record write): drop all of it.
+            last_good = batch_start
         if last_good < self.files.end:
             # Anything after the last intact record is a tail that never completed.
             if last_good >= self.files.bases[-1]:

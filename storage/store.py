@@ -36,8 +36,9 @@ from pathlib import Path
 from typing import Any
 
 from storage import checkpoint as ckpt
-from storage.commitlog import CommitLog, Record, RecordType, ScanReport, encode
+from storage.commitlog import CommitLog, Record, RecordFlag, RecordType, ScanReport, encode
 from storage.errors import CorruptData, GeometryMismatch, Insane, StorageError
+from storage.keyindex import KeyIndex
 from storage.msgtable import MessageState, MessageTable
 from storage.readyqueue import ReadyQueue, tag_hash
 from storage.segments import fsync_all
@@ -90,6 +91,7 @@ class Due:
     commit_size: int
     tag_hash: int
     slot_time: int
+    key: str | None = None
 
 
 @dataclass(slots=True)
@@ -101,6 +103,8 @@ class RecoveryReport:
     timerlog_truncated: int = 0
     wheel: str = "ok"  # "ok", "rebuilt (<why>)"
     ready_replayed: int = 0
+    keys_replayed: int = 0
+    keys: str = "ok"
     group_events: list[Record] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -110,7 +114,8 @@ class RecoveryReport:
                 f"{c.records} records scanned, {c.truncated_bytes} bytes truncated, {c.skipped_records} "
                 f"damaged records ({c.skipped_bytes} bytes) skipped; {self.replayed_records} records "
                 f"re-indexed; TimerLog {self.units_stripped} units unlinked, {self.timerlog_truncated} "
-                f"bytes truncated; wheel {self.wheel}; {self.ready_replayed} deliveries replayed")
+                f"bytes truncated; wheel {self.wheel}; {self.ready_replayed} deliveries replayed; key index "
+                f"{self.keys}, {self.keys_replayed} records replayed")
 
 
 class Store:
@@ -128,6 +133,7 @@ class Store:
             raise StorageError(f"{self.dir} is in use by another process") from e
         self.commit = CommitLog(self.dir / "commitlog", self.cfg.commit_segment_bytes)
         self.msgs = MessageTable(self.dir / "msgtable", self.cfg.msgtable_segment_entries)
+        self.keys = self._open_keys()
         self.timers: TimerIndex  # opened by recover()
         self.ready: dict[str, ReadyQueue] = {}
         for p in sorted((self.dir / "ready").glob("*")) if (self.dir / "ready").exists() else []:
@@ -225,8 +231,58 @@ class Store:
         self._full = False
         self.late.clear()  # recovered units sit in slot R, which dequeue-get loads first anyway
         self.indexed = self.commit.end
+        self._recover_keys(cp, rep)
         rep.seconds = time.monotonic() - t0
         return rep
+
+    def _open_keys(self) -> KeyIndex:
+        import sqlite3
+        path = self.dir / "keys.sqlite"
+        try:
+            keys = KeyIndex(path)
+            keys.count()
+            return keys
+        except (sqlite3.DatabaseError, CorruptData) as e:
+            log.warning("key index unusable (%s); rebuilding it from the commit log", e)
+            for p in self.dir.glob("keys.sqlite*"):
+                p.rename(p.with_name(p.name.replace("keys.sqlite", f"keys.bad-{int(time.time())}.sqlite")))
+            self._keys_rebuilt = True
+            return KeyIndex(path)
+
+    def _recover_keys(self, cp: ckpt.Checkpoint | None, rep: RecoveryReport) -> None:
+        """Bring the key index up to the log: replay from where its own commit says it is
+        complete (or from the checkpoint, whichever is older; everything if it is behind the
+        oldest segment or was rebuilt)."""
+        pos = min(self.keys.commit_pos, cp.commit_indexed if cp else self.commit.start)
+        if getattr(self, "_keys_rebuilt", False) or pos < self.commit.start or (
+                self.keys.created and self.commit.end > self.commit.start):
+            self.keys.reset()
+            pos = self.commit.start
+            rep.keys = "rebuilt"
+        rows: list[tuple[str, str, int, int]] = []
+        for rec in self.commit.scan(pos):
+            if rec.key is None:
+                continue
+            rep.keys_replayed += 1
+            if rec.type == RecordType.MESSAGE:
+                rows.append((rec.topic, rec.key, rec.seq, rec.deliver_at))
+            elif rec.type == RecordType.CANCEL:
+                self.keys.put_many(rows)
+                rows = []
+                self.keys.release(rec.topic, rec.key, rec.seq)
+        self.keys.put_many(rows)
+        ends = cp.ready_ends if cp else {}
+        done = []
+        for topic, q in self.ready.items():
+            for u in q.scan(ends.get(topic, 0)):
+                try:
+                    rec = self.commit.read(u.commit_offset, u.commit_size)
+                except (StorageError, CorruptData):
+                    continue
+                if rec.key is not None:
+                    done.append((u.released_at, topic, rec.key, u.seq))
+        self.keys.delivered(done)
+        self.keys.commit(self.commit.end)
 
     def _load_checkpoint(self, rep: RecoveryReport) -> ckpt.Checkpoint | None:
         """The newest valid checkpoint (current, else the previous one), or None."""
@@ -294,25 +350,45 @@ class Store:
             self.totals["cancelled"] += 1
 
     # ---------------------------------------------------------------------------------- produce
-    def append_messages(self, msgs: list[NewMessage], now_ms: int) -> list[int]:
-        """Append messages (not yet durable: call flush) and return their sequence numbers."""
+    def append_messages(self, msgs: list[NewMessage], now_ms: int,
+                        cancels: list[tuple[int, str, str | None]] = ()) -> list[int]:  # type: ignore[assignment]
+        """Append messages (not yet durable: call flush) and return their sequence numbers.
+
+        `cancels` (seq, topic, key) are cancelled in the same atomic write: a replace by key
+        either happens whole or not at all, also across a crash.
+        """
         first = self.next_seq
-        recs = [encode(Record(RecordType.MESSAGE, first + i, m.topic, m.body, m.deliver_at, now_ms, 0,
-                              m.tag, m.key, m.headers)) for i, m in enumerate(msgs)]
-        offsets = self.commit.append(recs)
-        self.next_seq = first + len(msgs)
-        self.msgs.set_run(first, [(MessageState.SCHEDULED, off, len(r), 0) for off, r in zip(offsets, recs, strict=True)])
+        recs = [encode(Record(RecordType.CANCEL, seq, topic, key=key, produced_at=now_ms), RecordFlag.CONTINUED)
+                for seq, topic, key in cancels]
+        n = len(msgs)
+        recs += [encode(Record(RecordType.MESSAGE, first + i, m.topic, m.body, m.deliver_at, now_ms, 0,
+                               m.tag, m.key, m.headers), RecordFlag.CONTINUED if i < n - 1 else 0)
+                 for i, m in enumerate(msgs)]
+        offsets = self.commit.append(recs)[len(cancels):]
+        self.next_seq = first + n
+        for seq, topic, key in cancels:
+            self._cancelled(seq, topic, key)
+        self.msgs.set_run(first, [(MessageState.SCHEDULED, off, len(r), 0)
+                                  for off, r in zip(offsets, recs[len(cancels):], strict=True)])
+        keyed = [(m.topic, m.key, first + i, m.deliver_at) for i, m in enumerate(msgs) if m.key is not None]
+        if keyed:
+            self.keys.put_many(keyed)
         for m in msgs:
             self._count(m.topic, "produced_total", 1)
             self._count(m.topic, "scheduled", 1)
         self.totals["produced"] += len(msgs)
         return list(range(first, first + len(msgs)))
 
-    def append_cancel(self, seq: int, topic: str) -> None:
+    def append_cancel(self, seq: int, topic: str, key: str | None = None) -> None:
         """Log the cancel, then mark the message cancelled (dispatch checks the mark). If the
         append fails (disk full) nothing changed."""
-        self.commit.append([encode(Record(RecordType.CANCEL, seq, topic, produced_at=self.clock_ms()))])
+        self.commit.append([encode(Record(RecordType.CANCEL, seq, topic, key=key, produced_at=self.clock_ms()))])
+        self._cancelled(seq, topic, key)
+
+    def _cancelled(self, seq: int, topic: str, key: str | None) -> None:
         self.msgs.set_state(seq, MessageState.CANCELLED)
+        if key is not None:
+            self.keys.release(topic, key, seq)
         self._count(topic, "cancelled_total", 1)
         self._count(topic, "scheduled", -1)
         self.totals["cancelled"] += 1
@@ -419,7 +495,7 @@ class Store:
                 # and the message also goes straight to dequeue-put so it is not a slot late.
                 self._set_flags(rec.seq, 0)
                 self.late.append(Due(rec.deliver_at, rec.seq, rec.topic, rec.offset, rec.size,
-                                     tag_hash(rec.tag), self.timers.wheel.slot_time(fire)))
+                                     tag_hash(rec.tag), self.timers.wheel.slot_time(fire), rec.key))
         return Entry(fire, magic, rec.offset, rec.size, th, rec.seq)
 
     def _on_cancel_record(self, rec: Record) -> None:
@@ -483,6 +559,18 @@ class Store:
         return sum(c["scheduled"] for c in self.topic_counts.values())
 
     # ---------------------------------------------------------------------------------- dequeue
+    def key_holder(self, topic: str, key: str) -> tuple[int, MessageState, int, int | None] | None:
+        """(seq, state, deliver_at, done_at) of the message holding `key` now, or None. The
+        state comes from the message table, so a stale index entry cannot mislead."""
+        entry = self.keys.lookup(topic, key)
+        if entry is None:
+            return None
+        seq, deliver_at, done_at = entry
+        st, off, size, _ = self.msgs.get(seq)
+        if st in (MessageState.UNKNOWN, MessageState.CANCELLED):
+            return None
+        return seq, st, deliver_at, done_at
+
     def take_late(self) -> list[Due]:
         late, self.late = self.late, []
         return late
@@ -531,7 +619,7 @@ class Store:
         if unit.magic & UnitMagic.ROLL:
             return self.commit.read(off, size)
         rec = self.commit.read(off, size)
-        return Due(rec.deliver_at, rec.seq, rec.topic, off, size, tag_hash(rec.tag), slot_time)
+        return Due(rec.deliver_at, rec.seq, rec.topic, off, size, tag_hash(rec.tag), slot_time, rec.key)
 
     def roll_forward(self, rec: Record) -> None:
         """Re-append a far message so the old segment is not pinned; enqueue indexes the copy."""
@@ -559,8 +647,13 @@ class Store:
         for topic, ds in by_topic.items():
             q = self.queue(topic)
             q.append([(d.commit_offset, d.commit_size, d.tag_hash, d.deliver_at, now_ms, d.seq) for d in ds])
+            keyed = []
             for d in ds:
                 self.msgs.set_state(d.seq, MessageState.DELIVERED)
+                if d.key is not None:
+                    keyed.append((now_ms, topic, d.key, d.seq))
+            if keyed:
+                self.keys.delivered(keyed)
             self._count(topic, "scheduled", -len(ds))
             self._count(topic, "delivered_total", len(ds))
             self.totals["delivered"] += len(ds)
@@ -609,6 +702,7 @@ class Store:
         for q in self.ready.values():
             fds += q.files.dirty_handles()
         fds.append(self.timers.wheel.dup_fd())  # fsync of the file also writes its mmap'd pages
+        self.keys.commit(self.commit.end)
         cp = ckpt.Checkpoint(
             commit_indexed=self.indexed, commit_end=self.commit.end, timerlog_end=self.timers.log.end,
             read_time_ms=read_time_ms, next_seq=self.next_seq,
@@ -642,6 +736,7 @@ class Store:
         if hasattr(self, "timers"):
             self.timers.close()
         self.msgs.close()
+        self.keys.close()
         for q in self.ready.values():
             q.close()
         os.close(self._lock_fd)

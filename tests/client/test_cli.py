@@ -131,19 +131,23 @@ def test_consume_exec_acks_on_zero_exit(fake: FakeBroker, capsys: pytest.Capture
 
 
 def test_stats_and_schedule(fake: FakeBroker, capsys: pytest.CaptureFixture[str]) -> None:
-    for delay in ("10m", "20m", "2h", "2h"):
+    for delay in ("10m", "20m", "2h30m", "2h30m"):
         run(capsys, "send", "t", "x", "--delay", delay, "--url", fake.url)
     code, out, _ = run(capsys, "stats", "--url", fake.url)
     assert code == 0 and "scheduled  4" in out and "p99 3 ms" in out and "1000 B" in out
     code, out, _ = run(capsys, "stats", "--url", fake.url, "--json")
     assert json.loads(out)["scheduled"] == 4
 
-    code, out, _ = run(capsys, "schedule", "--hours", "3", "--buckets", "3", "--url", fake.url)
+    code, out, _ = run(capsys, "schedule", "--hours", "3", "--buckets", "3", "--no-align", "--url", fake.url)
     assert code == 0
     lines = out.splitlines()
     assert lines[0].startswith("4 pending message(s) due in the next 3h")
     counts = [int(line.split()[-1]) for line in lines[1:]]
-    assert sum(counts) == 4 and len(counts) == 3
+    assert counts == [2, 0, 2]
+    code, out, _ = run(capsys, "schedule", "--hours", "3", "--buckets", "3", "--url", fake.url)
+    rows = out.splitlines()[1:]
+    assert sum(int(r.split()[-1]) for r in rows) == 4 and len(rows) in (3, 4)
+    assert all(r.split()[1].endswith(":00") for r in rows)  # aligned to whole hours
     code, out, _ = run(capsys, "schedule", "--hours", "3", "--step", "1h", "--url", fake.url, "--json")
     data = json.loads(out)
     assert data["step_ms"] == 3_600_000 and sum(c for _, c in data["buckets"]) == 4

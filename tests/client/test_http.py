@@ -17,6 +17,7 @@ from client import (
     Forbidden,
     InvalidMessage,
     InvalidName,
+    InvalidParameter,
     InvalidRequest,
     NotFound,
     ServerError,
@@ -41,7 +42,7 @@ def err(status: int, code: str, message: str = "m", index: int | None = None,
 
 @pytest.mark.parametrize(("status", "code", "cls"), [
     (400, "invalid_name", InvalidName), (400, "invalid_message", InvalidMessage),
-    (400, "something_new", InvalidRequest), (401, "unauthorized", Unauthorized), (403, "forbidden", Forbidden),
+    (400, "something_new", InvalidRequest), (400, "invalid_parameter", InvalidParameter), (401, "unauthorized", Unauthorized), (403, "forbidden", Forbidden),
     (404, "not_found", NotFound), (409, "already_delivered", AlreadyDelivered), (409, "other", Conflict),
     (413, "too_large", TooLarge), (415, "unsupported_media_type", UnsupportedMediaType),
     (507, "disk_full", DiskFull), (500, "internal", ServerError), (418, "teapot", InvalidRequest),

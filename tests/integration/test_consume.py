@@ -161,12 +161,14 @@ def test_competing_consumers_in_one_group_get_disjoint_messages(api: Api, topic:
 # -- leases, ack, nack, extend ----------------------------------------------------------------
 def test_lease_expiry_redelivers_with_the_next_attempt(api: Api, topic: str) -> None:
     (p,) = api.produce(topic, {"body": "x"})
+    t_pull = time.monotonic()
     (m1,) = api.pull_until(topic, "g", 1, lease_ms=1000)
-    t_leased = time.monotonic()
     assert m1["attempt"] == 1
     assert api.pull(topic, "g") == [], "a leased message is not handed out twice"
-    (m2,) = api.pull_until(topic, "g", 1, timeout_s=5, lease_ms=1000)
-    assert time.monotonic() - t_leased >= 0.95, "redelivered before the lease expired"
+    # One long-poll: it must wake when the lease runs out, not at the end of wait_ms.
+    (m2,) = api.pull(topic, "g", wait_ms=8000, lease_ms=1000)
+    waited = time.monotonic() - t_pull
+    assert 0.95 <= waited < 3.0, f"redelivered {waited:.3f} s after the pull (lease 1 s)"
     assert (m2["id"], m2["attempt"]) == (p["id"], 2)
     assert m2["receipt"] != m1["receipt"]
     assert api.ack(topic, "g", [m1["receipt"]]) == {"acked": 0, "stale": [m1["receipt"]]}
@@ -193,9 +195,11 @@ def test_nack_with_delay_redelivers_after_the_delay_not_before(api: Api, topic: 
     (m,) = api.pull_until(topic, "g", 1)
     t_nack = time.monotonic()
     assert api.settle(topic, "g", "nack", [m["receipt"]], delay_ms=1500) == {"nacked": 1, "stale": []}
-    assert api.pull(topic, "g", wait_ms=1000) == [], "redelivered before delay_ms"
-    (again,) = api.pull_until(topic, "g", 1, timeout_s=5)
-    assert time.monotonic() - t_nack >= 1.5
+    assert api.pull(topic, "g") == [], "redelivered before delay_ms"
+    # One long-poll: it must wake when the delay is over, not at the end of wait_ms.
+    (again,) = api.pull(topic, "g", wait_ms=8000)
+    waited = time.monotonic() - t_nack
+    assert 1.5 <= waited < 3.0, f"redelivered {waited:.3f} s after a nack with delay_ms=1500"
     assert (again["id"], again["attempt"]) == (m["id"], 2)
     assert api.settle(topic, "g", "nack", [m["receipt"]]) == {"nacked": 0, "stale": [m["receipt"]]}
 
@@ -218,6 +222,36 @@ def test_nack_with_zero_delay_redelivers_at_once(api: Api, topic: str) -> None:
     api.settle(topic, "g", "nack", [m["receipt"]], delay_ms=0)
     (again,) = api.pull_until(topic, "g", 1, timeout_s=2)
     assert again["attempt"] == 2
+
+
+def test_ack_after_the_lease_expired_is_stale(api: Api, topic: str) -> None:
+    api.produce(topic, {"body": "x"})
+    (m,) = api.pull_until(topic, "g", 1, lease_ms=1000)
+    wait_until(lambda: api.stats()["groups"][f"{topic}/g"]["inflight"] == 0, 5, 0.05, "lease expiry")
+    assert api.ack(topic, "g", [m["receipt"]]) == {"acked": 0, "stale": [m["receipt"]]}
+    assert api.settle(topic, "g", "extend", [m["receipt"]], lease_ms=5000) == \
+        {"extended": 0, "stale": [m["receipt"]]}
+    (again,) = api.pull_until(topic, "g", 1)
+    assert again["attempt"] == 2 and again["id"] == m["id"]
+
+
+def test_a_receipt_only_settles_in_its_own_group(api: Api, topic: str) -> None:
+    api.produce(topic, {"body": "x"})
+    (m1,) = api.pull_until(topic, "g1", 1)
+    (m2,) = api.pull_until(topic, "g2", 1)
+    assert api.ack(topic, "g2", [m1["receipt"]]) == {"acked": 0, "stale": [m1["receipt"]]}
+    assert api.ack(topic, "other", [m1["receipt"]])["acked"] == 0
+    assert api.ack(topic, "g1", [m1["receipt"]])["acked"] == 1
+    assert api.ack(topic, "g2", [m2["receipt"]])["acked"] == 1
+
+
+def test_pull_honours_max(api: Api, topic: str) -> None:
+    sent = ids(api.produce(topic, *({"body": str(i)} for i in range(5))))
+    wait_until(lambda: all(api.state(i) == "delivered" for i in sent), 10, what="released")
+    assert len(api.pull(topic, "g", max=2)) == 2
+    assert len(api.pull(topic, "g", max=2)) == 2
+    assert len(api.pull(topic, "g", max=2)) == 1
+    assert api.pull(topic, "g", max=2) == []
 
 
 def test_extend_keeps_a_message_leased_past_its_original_lease(api: Api, topic: str) -> None:
@@ -373,6 +407,34 @@ def test_message_state_cancelled_is_final_and_never_delivered(api: Api, topic: s
 
 
 # -- restarts ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("how", ["sigterm", "kill9"])
+def test_dead_letters_and_redrives_survive_a_restart(tmp_path, how: str) -> None:
+    d = DaemonProcess(tmp_path / "data").start()
+    try:
+        api = Api(d)
+        api.subscribe("dl", "g", max_attempts=1)
+        sent = ids(api.produce("dl", *({"body": str(i)} for i in range(4))))
+        got = api.pull_until("dl", "g", 4)
+        api.settle("dl", "g", "nack", receipts(got), delay_ms=0)
+        assert api.redrive("dl", "g", [sent[0]]) == 1
+        if how == "sigterm":
+            assert d.stop() == 0
+        else:
+            d.kill9()
+        d.start()
+        assert api.subscribe("dl", "g")["max_attempts"] == 1
+        assert sorted(ids(api.dead("dl", "g"))) == sorted(sent[1:])
+        (m,) = api.pull_until("dl", "g", 1, ack=True)
+        assert (m["id"], m["attempt"]) == (sent[0], 1), "the redriven message is due again"
+        assert api.redrive("dl", "g") == 3
+        back = api.pull_until("dl", "g", 3, ack=True)
+        assert sorted(ids(back)) == sorted(sent[1:])
+        assert api.pull("dl", "g", wait_ms=200) == [] and api.dead("dl", "g") == []
+    finally:
+        d.stop()
+    daemon_log_clean(d)
+
+
 @pytest.mark.parametrize("how", ["sigterm", "kill9"])
 def test_restart_redelivers_only_unacked_messages_from_attempt_one(tmp_path, how: str) -> None:
     d = DaemonProcess(tmp_path / "data").start()

@@ -37,6 +37,7 @@ class Driver:
     pending: list[Due] = field(default_factory=list)
     released: list[Due] = field(default_factory=list)
     blocked: int = 0
+    last_cp: int | None = None
 
     @property
     def now(self) -> int:
@@ -102,13 +103,14 @@ class Driver:
 
     def advance(self, ms: int, tick: int = 7, checkpoint_every_ms: int = 50) -> None:
         end = self.now + ms
-        last_cp = self.now
+        if self.last_cp is None:
+            self.last_cp = self.now
         while self.now < end:
             self.now = min(end, self.now + tick)
             self.step()
-            if self.now - last_cp >= checkpoint_every_ms:
+            if self.now - self.last_cp >= checkpoint_every_ms:
                 self.checkpoint()
-                last_cp = self.now
+                self.last_cp = self.now
                 self.enqueue()
 
 

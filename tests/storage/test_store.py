@@ -55,7 +55,7 @@ def test_produce_index_load_resolve_release(tmp_path: Path, clock: list[int]) ->
 
     for t in (T0, T0 + 10):
         assert s.load_slot(t) == []
-    units = s.load_slot(T0 + 20)
+    units = sorted(s.load_slot(T0 + 20), key=lambda u: u.seq)
     assert [(u.seq, u.magic, u.fire_time) for u in units] == [(1, UnitMagic.DEFAULT, T0 + 25),
                                                                (2, UnitMagic.DEFAULT, T0 + 27)]
     assert s.load_time_ms == T0 + 30
@@ -283,6 +283,8 @@ def run_child_until_killed(d: Path, seed: int, acks: int) -> list[str]:
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
+        # Whatever the child printed before it died was acknowledged too.
+        lines += [ln.strip() for ln in proc.stdout.readlines()]
         proc.stdout.close()
         assert proc.stderr is not None
         proc.stderr.close()
@@ -316,11 +318,16 @@ def test_kill9_in_the_middle_loses_nothing_acknowledged(tmp_path: Path, seed: in
     drv = Driver(s, clock)
     drain(drv, max([clock[0], *acked.values()]) + 3 * SMALL.roll_window_ms)
     # Messages the child appended but had not acknowledged may or may not be delivered: only
-    # acknowledged ones are checked, and nothing is delivered twice.
+    # acknowledged ones are checked, and nothing is delivered twice. A cancel logged just before
+    # the kill but not acknowledged may or may not win.
     counts = collections.Counter(delivered_seqs(s))
     assert all(n == 1 for n in counts.values()), [q for q, n in counts.items() if n > 1]
+    unacked_cancels = {r.seq for r in s.commit.scan(0) if r.type == RecordType.CANCEL} - cancelled
     for seq in acked:
-        assert counts[seq] == (0 if seq in cancelled else 1), seq
+        if seq in cancelled:
+            assert counts[seq] == 0, seq
+        elif seq not in unacked_cancels:
+            assert counts[seq] == 1, seq
     for units in ready_units(s).values():
         for u in units:
             assert u.released_at >= u.deliver_at
