@@ -132,6 +132,25 @@ def lateness_summary(lat: list[float]) -> dict[str, Any]:
     }
 
 
+def lateness_shape(pairs: list[tuple[int, float]], late_ms: float = 10.0) -> dict[str, Any]:
+    """Where the late ones are: by position of deliver_at inside its wall-clock second (100 ms
+    buckets: slot-boundary effects with a 1 s wheel precision show up in bucket 0), and the
+    worst 100 ms windows of deliver_at."""
+    by_pos = [0] * 10
+    windows: dict[int, list[float]] = {}
+    for due, lat in pairs:
+        if lat > late_ms:
+            by_pos[(due % 1000) // 100] += 1
+            windows.setdefault(due // 100 * 100, []).append(lat)
+    worst = sorted(windows.items(), key=lambda kv: -max(kv[1]))[:8]
+    return {
+        "late_threshold_ms": late_ms,
+        "late_count": sum(by_pos),
+        "late_by_ms_in_second_100ms_buckets": by_pos,
+        "worst_windows": [{"deliver_at_from": w, "late_msgs": len(v), "max_ms": max(v)} for w, v in worst],
+    }
+
+
 class Bodies:
     """A pool of distinct random 100-byte bodies, cycled (content is irrelevant; no compression)."""
 
@@ -889,6 +908,7 @@ async def accuracy_delayd(ctx: Ctx, n: int) -> dict[str, Any]:
             Delayd(srv.url, 2) as acks,
         ):
             lat: list[float] = []
+            pairs: list[tuple[int, float]] = []
             seen: set[str] = set()
             dups = 0
             acker = Acker(acks, topic, group)
@@ -901,6 +921,7 @@ async def accuracy_delayd(ctx: Ctx, n: int) -> dict[str, Any]:
                     recv, msgs = await cons.pull(topic, group, BATCH, 1000)
                     for m in msgs:
                         lat.append(recv - m["deliver_at"])
+                        pairs.append((m["deliver_at"], recv - m["deliver_at"]))
                         if m["id"] in seen:
                             dups += 1
                         seen.add(m["id"])
@@ -924,6 +945,7 @@ async def accuracy_delayd(ctx: Ctx, n: int) -> dict[str, Any]:
             }
             st = await delayd_stats(prod)
             res["daemon_reported_lateness_ms"] = st.get("lateness_ms")
+            res["late_shape"] = lateness_shape(pairs)
         return res
     finally:
         srv.stop()
@@ -936,6 +958,7 @@ async def accuracy_redis(ctx: Ctx, n: int) -> dict[str, Any]:
     try:
         q = RedisQueue(r, "accuracy")
         lat: list[float] = []
+        pairs: list[tuple[int, float]] = []
         interval = ctx.args.redis_poll_ms / 1000
 
         async def poller() -> None:
@@ -944,6 +967,7 @@ async def accuracy_redis(ctx: Ctx, n: int) -> dict[str, Any]:
                 recv, items = await q.pop_due(BATCH)
                 for _id, due, _body in items:
                     lat.append(recv - due)
+                    pairs.append((due, recv - due))
                 got += len(items)
                 if len(items) < BATCH:
                     await asyncio.sleep(interval)
@@ -961,6 +985,7 @@ async def accuracy_redis(ctx: Ctx, n: int) -> dict[str, Any]:
             "produce_s": produce_s,
             "poll_interval_ms": ctx.args.redis_poll_ms,
             **lateness_summary(lat),
+            "late_shape": lateness_shape(pairs),
         }
     finally:
         await r.aclose()
@@ -1016,7 +1041,7 @@ async def burst_delayd(ctx: Ctx, m: int) -> dict[str, Any]:
                 await asyncio.sleep(0.05)
             pulls = 0
             with CpuWindow(srv) as drain_cpu:
-                deadline = time.monotonic() + ctx.timeout(60, 0) + max(0, (t_due - now_ms()) / 1000)
+                deadline = time.monotonic() + ctx.timeout(30, m, 10_000) + max(0, (t_due - now_ms()) / 1000)
                 while len(seen) < m and time.monotonic() < deadline:
                     recv, msgs = await cons.pull(topic, group, BATCH, 1000)
                     pulls += 1
@@ -1085,7 +1110,7 @@ async def burst_redis(ctx: Ctx, m: int) -> dict[str, Any]:
         pops = 0
         interval = ctx.args.redis_poll_ms / 1000
         with CpuWindow(srv) as drain_cpu:
-            deadline = time.monotonic() + ctx.timeout(60, 0) + max(0, (t_due - now_ms()) / 1000)
+            deadline = time.monotonic() + ctx.timeout(30, m, 10_000) + max(0, (t_due - now_ms()) / 1000)
             while got < m and time.monotonic() < deadline:
                 recv, items = await q.pop_due(BATCH)
                 pops += 1
@@ -1530,6 +1555,36 @@ def render_table(rows: list[dict[str, Any]], markdown: bool = False) -> str:
     return "\n".join(lines)
 
 
+def render_section(out: dict[str, Any]) -> str:
+    """A Markdown block for BENCHMARKS.md: machine, command, table, disturbance."""
+    meta = out["meta"]
+    m = meta["machine"]
+    mem = f"{m['mem_total_bytes'] / 2**30:.1f} GiB" if m.get("mem_total_bytes") else "?"
+    lines = [
+        f"Run {meta['started_at']} (git {meta.get('git_rev') or '-'}, {meta['duration_s']:.0f} s): "
+        f"{m['nproc']} CPUs ({m['cpu_model']}), {mem} RAM, Linux {m['kernel']}, Python {m['python']}, "
+        f"{meta.get('redis_server', '').split(' sha=')[0]}, redis-py {meta.get('redis_py')}, client loop "
+        f"{meta.get('client_loop')}.",
+        "",
+        "```",
+        meta["command"] if isinstance(meta["command"], str) else " ".join(meta["command"]),
+        "```",
+        "",
+        render_table(out["table"], markdown=True),
+    ]
+    if out.get("errors"):
+        lines += ["", "Errors: " + "; ".join(f"{k}: {v.splitlines()[0]}" for k, v in out["errors"].items())]
+    return "\n".join(lines) + "\n"
+
+
+def display_python() -> str:
+    exe = Path(sys.executable)
+    try:
+        return str(exe.relative_to(ROOT))
+    except ValueError:
+        return exe.name
+
+
 def machine_info() -> dict[str, Any]:
     cpu_model = ""
     with contextlib.suppress(OSError):
@@ -1598,6 +1653,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="where to write the results (default: bench/results/daemon_vs_redis.json)",
     )
     ap.add_argument("--markdown", action="store_true", help="also print the table as Markdown")
+    ap.add_argument(
+        "--markdown-out",
+        default=None,
+        metavar="FILE",
+        help="write a Markdown block (machine, command, table) for BENCHMARKS.md to FILE",
+    )
     ap.add_argument("--tmp-dir", default=None, help="parent for the temp data dirs (default: system temp)")
     ap.add_argument("--keep-dirs", action="store_true", help="keep data dirs and server logs")
     ap.add_argument("--redis-server", default=None, help="redis-server binary (default: from PATH)")
@@ -1646,7 +1707,7 @@ def main(argv: list[str] | None = None) -> int:
     ctx = Ctx(args=args, base_tmp=base_tmp, bodies=Bodies(100), redis_bin=redis_bin or "")
     started = time.time()
     meta = {
-        "command": " ".join([Path(sys.executable).name, *sys.argv]) if argv is None else argv,
+        "command": " ".join([display_python(), *sys.argv]) if argv is None else argv,
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
         "machine": machine_info(),
         "git_rev": git_rev(),
@@ -1706,6 +1767,9 @@ def main(argv: list[str] | None = None) -> int:
             jp.parent.mkdir(parents=True, exist_ok=True)
             jp.write_text(json.dumps(out, indent=2, default=str) + "\n")
             log(f"results written to {jp}")
+        if args.markdown_out:
+            Path(args.markdown_out).write_text(render_section(out))
+            log(f"markdown written to {args.markdown_out}")
         if args.keep_dirs:
             log(f"data dirs and server logs kept in {base_tmp}")
         else:

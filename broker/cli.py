@@ -62,7 +62,13 @@ async def serve(cfg: Config, clock: Clock | None = None) -> int:
     if cfg.tls_cert and cfg.tls_key:
         ssl_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         ssl_ctx.load_cert_chain(cfg.tls_cert, cfg.tls_key)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0)
+    # Slow or idle clients: a connection that has not sent a whole request line and headers
+    # within request_timeout_s (aiohttp arms its keep-alive timer at connect and after each
+    # response) is closed; a stalled body is cut by read_body (408); the rest of an unread
+    # body is drained for at most lingering_time.
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0,
+                           keepalive_timeout=cfg.request_timeout_s,
+                           lingering_time=min(10.0, cfg.request_timeout_s))
     await runner.setup()
     site = web.TCPSite(runner, host, port, ssl_context=ssl_ctx, backlog=1024)
     await site.start()
@@ -91,6 +97,17 @@ async def serve(cfg: Config, clock: Clock | None = None) -> int:
     return code
 
 
+class _NoClientErrorTracebacks(logging.Filter):
+    """aiohttp logs every request it cannot parse (junk, a 100 KiB header, bad bytes) with a
+    traceback at ERROR. Those are client errors, answered 400 like any other bad request and
+    not logged either: else anyone who can connect fills the log (and the disk) for free."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from aiohttp.http_exceptions import HttpProcessingError
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (isinstance(exc, HttpProcessingError) and 400 <= (exc.code or 400) < 500)
+
+
 def _run_serve(args: argparse.Namespace) -> int:
     flags = {"data_dir": args.data_dir, "listen": args.listen, "fsync": args.fsync, "node_id": args.node_id,
              "insecure": True if args.insecure else None}
@@ -105,6 +122,7 @@ def _run_serve(args: argparse.Namespace) -> int:
               "(configure [[auth.tokens]] or pass --insecure)", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("aiohttp.server").addFilter(_NoClientErrorTracebacks())
     try:
         import uvloop
         return int(uvloop.run(serve(cfg)))

@@ -56,8 +56,10 @@ class Config:
     segment_bytes: int = 64 * 1024 * 1024
     timerlog_segment_units: int = 1 << 20
     ready_segment_units: int = 1 << 18
+    msgtable_segment_entries: int = 1 << 20
     checkpoint_interval_ms: int = 1000
     retention_ms: int = 3 * DAY_MS
+    retention_interval_ms: int = 10_000
     dedup_window_ms: int = 600_000
     # pipeline
     stage_queue_batches: int = 64
@@ -76,9 +78,11 @@ class Config:
 
     def store_config(self) -> StoreConfig:
         return StoreConfig(precision_ms=self.precision_ms, roll_window_ms=self.roll_window_ms,
+                           lookahead_ms=self.lookahead_ms,
                            commit_segment_bytes=self.segment_bytes,
                            timerlog_segment_units=self.timerlog_segment_units,
-                           ready_segment_units=self.ready_segment_units)
+                           ready_segment_units=self.ready_segment_units,
+                           msgtable_segment_entries=self.msgtable_segment_entries)
 
     def validate(self) -> Config:
         if self.fsync not in FSYNC_POLICIES:
@@ -87,6 +91,8 @@ class Config:
             raise ConfigError("precision_ms must be within 10..1000")
         if not 1000 <= self.roll_window_ms <= 20 * DAY_MS:
             raise ConfigError("roll_window_ms must be within 1 s .. 20 days (TimerLog delays are 32-bit ms)")
+        if not 0 <= self.lookahead_ms <= 5000:
+            raise ConfigError("lookahead_ms must be within 0..5000")
         if self.roll_window_ms % self.precision_ms:
             raise ConfigError("roll_window_ms must be a multiple of precision_ms")
         try:

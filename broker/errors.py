@@ -40,6 +40,8 @@ Unauthorized = _error("Unauthorized", 401, "unauthorized", "Missing or wrong bea
 Forbidden = _error("Forbidden", 403, "forbidden", "The token may not do this on this topic.")
 NotFound = _error("NotFound", 404, "not_found", "No such message or resource.")
 MethodNotAllowed = _error("MethodNotAllowed", 405, "method_not_allowed", "The path does not take this method.")
+RequestTimeout = _error("RequestTimeout", 408, "request_timeout",
+                       "The client did not send the whole request in time.")
 AlreadyDelivered = _error("AlreadyDelivered", 409, "already_delivered", "The message was (or is being) delivered.")
 TooLarge = _error("TooLarge", 413, "too_large", "The body or a message exceeds a configured limit.")
 UnsupportedMediaType = _error("UnsupportedMediaType", 415, "unsupported_media_type",

@@ -351,6 +351,14 @@ class Groups:
             self.notify(g.topic)
         return len(idx)
 
+    def needed(self) -> dict[str, int]:
+        """Per topic, the lowest ready-queue index some group still needs (retention pins)."""
+        out: dict[str, int] = {}
+        for g in self.groups.values():
+            low = min([g.floor, *g.dead.keys(), *g.revived])
+            out[g.topic] = min(out.get(g.topic, low), low)
+        return out
+
     # -- observe --------------------------------------------------------------------------------
     def stats(self, g: Group) -> dict[str, int]:
         q = self.store.queue(g.topic)

@@ -7,6 +7,7 @@ status (no bad input ever becomes a 5xx), one checks bearer tokens when they are
 
 from __future__ import annotations
 
+import asyncio
 import fnmatch
 import hmac
 import logging
@@ -20,6 +21,7 @@ from broker import codec, errors
 from broker.config import Config, Token
 from broker.openapi import spec
 from broker.service import Broker
+from storage.errors import DiskFull, StorageError
 
 log = logging.getLogger("delayd.http")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -54,8 +56,16 @@ def fmt_of(request: web.Request) -> str:
 
 
 async def read_body(request: web.Request) -> Any:
+    timeout_s = request.app[CONFIG].request_timeout_s
     try:
-        raw = await request.read()
+        # A client that sends headers and then stalls mid-body must not hold a handler forever.
+        async with asyncio.timeout(timeout_s):
+            raw = await request.read()
+    except TimeoutError:
+        raise errors.RequestTimeout(f"the request body did not arrive within {timeout_s:g} s") from None
+    except ConnectionResetError:
+        # The client went away mid-body: its problem, not an unexpected failure worth a traceback.
+        raise errors.BadRequest("the connection closed before the whole body arrived") from None
     except web.HTTPRequestEntityTooLarge as e:
         raise errors.TooLarge(f"request body exceeds {request.app[CONFIG].max_request_bytes} bytes") from e
     fmt = codec.request_format(request.headers.get("Content-Type"), bool(raw))
@@ -72,6 +82,13 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         if e.retry_after_s is not None:
             resp.headers["Retry-After"] = str(max(1, int(e.retry_after_s)))
         return resp
+    except StorageError as e:
+        # Raised below the service layer (a consumer-group event that cannot be logged):
+        # DiskFull is 507 like a produce that does not fit.
+        err = errors.from_storage(e)
+        if err.status >= 500 and not isinstance(e, DiskFull):
+            log.error("storage failure serving %s %s: %s", request.method, request.path, e)
+        return reply(request, err.body(), err.status)
     except web.HTTPException as e:
         if e.status < 400:
             raise
@@ -95,10 +112,13 @@ def _auth_middleware(tokens: tuple[Token, ...]) -> Callable[..., Awaitable[web.S
             return await handler(request)
         header = request.headers.get("Authorization", "")
         given = header[7:].strip() if header[:7].lower() == "bearer " else ""
+        # Header bytes that are not UTF-8 arrive as surrogates: compare them as the raw bytes
+        # (no token matches them) instead of failing to encode (a 500).
+        given_bytes = given.encode("utf-8", "surrogateescape")
         match = None
         for t in tokens:
             # Compare against every token so timing does not tell which prefix matched.
-            if hmac.compare_digest(t.token.encode(), given.encode()) and given:
+            if hmac.compare_digest(t.token.encode(), given_bytes) and given:
                 match = t
         if match is None:
             raise errors.Unauthorized("a valid bearer token is required")

@@ -12,6 +12,7 @@ Every stage is a small class with a name, an inbox, an outbox and counters.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import heapq
 import logging
 import time
@@ -21,10 +22,13 @@ from typing import Any
 
 from broker.clock import Clock
 from storage.commitlog import Record
+from storage.errors import DiskFull
 from storage.segments import fsync_all
 from storage.store import Due, Store
 
 log = logging.getLogger("delayd.pipeline")
+
+DISK_FULL_RETRY_S = 0.5
 
 
 class Link:
@@ -112,9 +116,18 @@ class Stage:
         self.outbox = outbox
         self.batches = 0
         self.items = 0
+        self.disk_full = 0
 
     async def run(self) -> None:
         raise NotImplementedError
+
+    async def disk_full_pause(self, e: DiskFull) -> None:
+        """A stage that cannot write waits for room and then retries the same work: nothing is
+        dropped or skipped, and the daemon stays up (produce answers 507 meanwhile)."""
+        self.disk_full += 1
+        if self.disk_full % 120 == 1:  # once a minute, not twice a second
+            log.warning("%s: disk full (%s); retrying every %.1fs", self.name, e, DISK_FULL_RETRY_S)
+        await asyncio.sleep(DISK_FULL_RETRY_S)
 
 
 class EnqueueGet(Stage):
@@ -157,7 +170,14 @@ class EnqueuePut(Stage):
         while True:
             records: list[Record] = await self.inbox.get()
             while records:
-                n = self.store.index(records, self.clock.now_ms())
+                try:
+                    n = self.store.index(records, self.clock.now_ms())
+                except DiskFull as e:
+                    # `indexed` did not move, so the same records are indexed again; a unit that
+                    # made it to disk the first time is then there twice, and release drops the
+                    # second (it checks the message is still scheduled).
+                    await self.disk_full_pause(e)
+                    continue
                 late = self.store.take_late()
                 if late:
                     await self.outbox.put(late, len(late))
@@ -228,7 +248,12 @@ class DequeueGetMessage(Stage):
                     dues.append(r)
                     continue
                 if isinstance(r, Record):
-                    self.store.roll_forward(r)
+                    while True:
+                        try:
+                            self.store.roll_forward(dataclasses.replace(r))  # it bumps roll_count
+                            break
+                        except DiskFull as e:
+                            await self.disk_full_pause(e)
                     self.rolled += 1
                     self.appended.set()
                 else:
@@ -267,7 +292,15 @@ class DequeuePut(Stage):
                 due: list[Due] = []
                 while heap and heap[0][0] <= now and len(due) < 4096:
                     due.append(heapq.heappop(heap)[2])
-                released = self.store.release(due, now)
+                try:
+                    released = self.store.release(due, now)
+                except DiskFull as e:
+                    # Nothing of the failing topic was queued (ReadyQueue.append is all or
+                    # nothing) and what was is marked delivered: hold them all and retry.
+                    for d in due:
+                        heapq.heappush(heap, (d.deliver_at, d.seq, d))
+                    await self.disk_full_pause(e)
+                    continue
                 for d in due:
                     self.inflight.done(d.slot_time)
                 self.items += len(released)
@@ -329,6 +362,9 @@ class GroupCommit:
             except OSError as e:
                 self.last_error = e
                 log.error("commit-log fsync failed: %s", e)
+                # Its waiters answer 507; the next round must fsync these appends again rather
+                # than let a later waiter through on an fsync that did not cover them.
+                self.store.commit.files.mark_dirty()
                 for w in waiters:
                     if not w.done():
                         w.set_exception(e)

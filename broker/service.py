@@ -104,6 +104,7 @@ class Broker:
     async def _checkpoint_loop(self) -> None:
         assert self.store and self.pipeline and self.groups
         loop = asyncio.get_running_loop()
+        next_retention = time.monotonic() + self.cfg.retention_interval_ms / 1000
         while True:
             await asyncio.sleep(self.cfg.checkpoint_interval_ms / 1000)
             self.expire_keys()
@@ -115,6 +116,11 @@ class Broker:
                 log.error("checkpoint failed: %s", e)
                 continue
             self.store.checkpoint_saved(cp)
+            if time.monotonic() >= next_retention:
+                next_retention = time.monotonic() + self.cfg.retention_interval_ms / 1000
+                gone = self.store.retain(self.clock.now_ms(), self.cfg.retention_ms, self.groups.needed())
+                if any(gone.values()):
+                    log.info("retention deleted segments: %s", gone)
 
     def failure(self) -> BaseException | None:
         if self.pipeline is not None and (e := self.pipeline.failed()) is not None:

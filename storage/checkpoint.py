@@ -48,6 +48,7 @@ class Checkpoint:
     schedule: bytes = b""  # zlib'd per-slot pending counts (see broker's schedule index)
     far_schedule: dict[int, int] = field(default_factory=dict)  # hour -> pending beyond the window
     groups: dict[str, Any] = field(default_factory=dict)  # "topic/group" -> group state snapshot
+    indexed_at: dict[int, int] = field(default_factory=dict)  # commit segment base -> when fully indexed
     created_ms: int = 0
 
 

@@ -318,6 +318,8 @@ def _check_commitlog(segs: ReadOnlySegments, cp: ckpt.Checkpoint | None, rep: Ch
             rep.damaged_records += 1
             rep.problem(f"commit log: damaged record at offset {p_off} ({p_n} bytes skipped): "
                         f"{type(err).__name__}: {err}")
+    if cp is None and rep.commit_records:
+        rep.problem("checkpoint: no valid checkpoint; recovery rescans the whole commit log")
     if cp is not None:
         if cp.commit_end > segs.end:
             rep.problem(f"checkpoint: expects a commit log of {cp.commit_end} bytes, found {segs.end}")
@@ -455,7 +457,9 @@ def _check_msgtable(directory: Path, cp: ckpt.Checkpoint | None, config: object 
         path = directory / f"{seg:020d}"
         if not directory.is_dir():
             rep.problem("message table: directory missing (recovery must rescan the commit log)")
-        elif not path.exists() or path.stat().st_size < (idx + 1) * ENTRY_SIZE:
+        elif (seg + 1) * per_segment > cp.next_seq and (
+                not path.exists() or path.stat().st_size < (idx + 1) * ENTRY_SIZE):
+            # Only a partial segment: a full one may be gone to retention.
             rep.problem(f"message table: entries up to seq {cp.next_seq - 1} (checkpoint) are missing")
     if not directory.is_dir():
         return

@@ -70,6 +70,12 @@ class MessageTable:
         except ValueError:
             return MessageState.UNKNOWN, -1, 0, 0
 
+    def has_entry(self, seq: int) -> bool:
+        """Whether the segment file of `seq` exists and reaches its entry (written or not)."""
+        seg, idx = divmod(seq, self.segment_entries)
+        path = self.directory / f"{seg:020d}"
+        return path.exists() and path.stat().st_size >= (idx + 1) * ENTRY_SIZE
+
     def set(self, seq: int, state: MessageState, offset: int, size: int, roll_count: int = 0) -> None:
         seg, idx = divmod(seq, self.segment_entries)
         os.pwrite(self._fd(seg), ENTRY.pack(state, 0, roll_count, size, offset), idx * ENTRY_SIZE)
@@ -115,6 +121,39 @@ class MessageTable:
                 path.unlink()
                 n += 1
         return n
+
+    def segments(self) -> list[int]:
+        return [int(p.name) for p in self.directory.iterdir() if p.name.isdigit()]
+
+    def blocker(self, segment: int, offset: int) -> tuple[str, int] | None:
+        """Why `segment` cannot be dropped yet: ("pending", seq) for a scheduled message,
+        ("record", seq) for a final message whose record is at or after `offset`; None
+        when every entry is final and its record is gone."""
+        fd = self._fd(segment)
+        pos, size = 0, self.segment_entries * ENTRY_SIZE
+        first = segment * self.segment_entries
+        while pos < size:
+            buf = os.pread(fd, 1 << 20, pos)
+            if not buf:
+                break
+            for i, (state, _f, _r, _s, off) in enumerate(ENTRY.iter_unpack(buf[:len(buf) - len(buf) % ENTRY_SIZE])):
+                if state == MessageState.SCHEDULED:
+                    return "pending", first + (pos // ENTRY_SIZE) + i
+                if state and off >= offset:
+                    return "record", first + (pos // ENTRY_SIZE) + i
+            pos += len(buf)
+        return None
+
+    def delete_segment(self, segment: int) -> int:
+        fd = self._fds.pop(segment, None)
+        if fd is not None:
+            os.close(fd)
+        self._dirty.discard(segment)
+        path = self.directory / f"{segment:020d}"
+        if path.exists():
+            path.unlink()
+            return 1
+        return 0
 
     def reset(self) -> None:
         for fd in self._fds.values():

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from storage.errors import DiskFull
 from storage.segments import SegmentedFile
 
 UNIT = struct.Struct("<qIIqqQ")
@@ -51,6 +52,7 @@ class ReadyQueue:
         tail = self.files.end % UNIT_SIZE
         if tail:
             self.files.truncate(self.files.end - tail)
+        self._stats: dict[int, tuple[int, int]] = {}  # segment base (bytes) -> (min offset, max released)
 
     @property
     def end(self) -> int:
@@ -65,12 +67,47 @@ class ReadyQueue:
         """Append (commit_offset, size, tag_hash, deliver_at, released_at, seq) units; first index."""
         first = self.end
         i = 0
-        while i < len(units):
-            room = max(1, self.files.remaining() // UNIT_SIZE)
-            chunk = units[i:i + room]
-            self.files.append(b"".join(UNIT.pack(*u) for u in chunk))
-            i += len(chunk)
+        try:
+            while i < len(units):
+                room = max(1, self.files.remaining() // UNIT_SIZE)
+                chunk = units[i:i + room]
+                pos = self.files.append(b"".join(UNIT.pack(*u) for u in chunk))
+                base = self.files.segment_of(pos)
+                lo, hi = self.segment_stats(base) if base in self._stats else (1 << 62, 0)
+                self._stats[base] = (min(lo, min(u[0] for u in chunk)), max(hi, max(u[4] for u in chunk)))
+                i += len(chunk)
+        except DiskFull:
+            # All or nothing: the caller retries the whole batch, which must not queue a
+            # message twice.
+            self.files.truncate(first * UNIT_SIZE)
+            raise
         return first
+
+    def segment_stats(self, base: int) -> tuple[int, int]:
+        """(lowest commit offset, latest release time) of the units in the segment at byte
+        `base`: what retention needs to know. Computed once per segment, then kept current."""
+        st = self._stats.get(base)
+        if st is None:
+            lo, hi = 1 << 62, 0
+            end = self.files.segment_end(base)
+            pos = base
+            while pos < end:
+                buf = self.files.read(pos, min(end - pos, 8192 * UNIT_SIZE))
+                for u in UNIT.iter_unpack(buf[:len(buf) - len(buf) % UNIT_SIZE]):
+                    lo, hi = min(lo, u[0]), max(hi, u[4])
+                pos += len(buf)
+            st = self._stats[base] = (lo, hi)
+        return st
+
+    def segments(self) -> list[tuple[int, int, int, int]]:
+        """(first index, end index, lowest commit offset, latest release) for every segment."""
+        out = []
+        for base in self.files.bases:
+            end = self.files.segment_end(base)
+            if end > base:
+                lo, hi = self.segment_stats(base)
+                out.append((base // UNIT_SIZE, end // UNIT_SIZE, lo, hi))
+        return out
 
     def read(self, first: int, count: int) -> list[ReadyUnit]:
         """Up to `count` units from index `first` (fewer at a segment or queue end)."""
@@ -97,7 +134,10 @@ class ReadyQueue:
         self.files.flush()
 
     def delete_before(self, index: int) -> list[int]:
-        return self.files.delete_before(index * UNIT_SIZE)
+        gone = self.files.delete_before(index * UNIT_SIZE)
+        for b in gone:
+            self._stats.pop(b, None)
+        return gone
 
     def disk_bytes(self) -> int:
         return self.files.disk_bytes()

@@ -31,9 +31,45 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+class Faults:
+    """Fault injection for the reliability tests, off unless `DELAYD_FAULT_FILE` names a file.
+
+    While that file contains `enospc`, every append fails as a full disk does: half the data
+    is written, then ENOSPC (the worst case: `append` must cut the torn half off again). While
+    it contains `fsync-eio`, fsync fails with EIO. The file is read on each call, so a test
+    turns faults on and off in a running daemon by rewriting it; with no file set this costs
+    one attribute check.
+    """
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+
+    def _active(self, fault: str) -> bool:
+        if not self.path:
+            return False
+        try:
+            with open(self.path) as f:
+                return fault in f.read().split()
+        except OSError:
+            return False
+
+    def clip(self, data: bytes | bytearray | memoryview) -> bytes | bytearray | memoryview:
+        """What a write of `data` manages to store: all of it, or half while 'enospc'."""
+        return data[:len(data) // 2] if self._active("enospc") else data
+
+    def check_fsync(self) -> None:
+        if self._active("fsync-eio"):
+            raise OSError(errno.EIO, "Input/output error (injected fsync failure)")
+
+
+FAULTS = Faults(os.environ.get("DELAYD_FAULT_FILE"))
+
+
 def fsync_all(fds: list[int]) -> None:
     """fsync and close duplicated fds (safe to call from a worker thread)."""
     try:
+        if fds:
+            FAULTS.check_fsync()
         for fd in fds:
             os.fsync(fd)
     finally:
@@ -132,7 +168,7 @@ class SegmentedFile:
             self.roll()
         offset = self.end
         try:
-            written = os.pwrite(self._write_fd, data, self._write_size)
+            written = os.pwrite(self._write_fd, FAULTS.clip(data), self._write_size)
             if written != n:
                 raise OSError(errno.ENOSPC, "short write")
         except OSError as e:
@@ -157,6 +193,11 @@ class SegmentedFile:
             finally:
                 os.close(fd)
         self._dirty.add(base)
+
+    def mark_dirty(self) -> None:
+        """After a failed fsync of `dirty_handles()`: the next call returns the segment being
+        written again, so a later fsync covers what the failed one did not."""
+        self._dirty.add(self._write_base)
 
     def flush(self) -> None:
         """fsync every segment written since the last flush."""

@@ -43,7 +43,7 @@ from storage.msgtable import MessageState, MessageTable
 from storage.readyqueue import ReadyQueue, tag_hash
 from storage.segments import fsync_all
 from storage.timerindex import Entry, TimerIndex
-from storage.timerlog import TimerLog, Unit, UnitMagic
+from storage.timerlog import UNIT_SIZE, TimerLog, Unit, UnitMagic
 from storage.timerwheel import TimerWheel
 
 log = logging.getLogger("delayd.storage")
@@ -53,6 +53,7 @@ HOUR_MS = 3_600_000
 # msgtable flag bits: where the message's current unit is counted in the schedule.
 FLAG_SLOT = 1  # counted in the per-slot array (a DEFAULT unit in the window)
 FLAG_FAR = 2  # counted in the hourly far-future map (parked in a ROLL unit)
+RETENTION_MARGIN_MS = 1000  # slack on top of the reader's lead, for retention horizons
 BLOCKED = object()  # index(): the next unit would overwrite an undispatched wheel lap
 
 
@@ -60,6 +61,7 @@ BLOCKED = object()  # index(): the next unit would overwrite an undispatched whe
 class StoreConfig:
     precision_ms: int = 1000
     roll_window_ms: int = 2 * 86_400_000
+    lookahead_ms: int = 300  # how far ahead of the clock dequeue-get loads slots
     commit_segment_bytes: int = 64 * 1024 * 1024
     timerlog_segment_units: int = 1 << 20
     ready_segment_units: int = 1 << 18
@@ -132,6 +134,7 @@ class Store:
             os.close(self._lock_fd)
             raise StorageError(f"{self.dir} is in use by another process") from e
         self.commit = CommitLog(self.dir / "commitlog", self.cfg.commit_segment_bytes)
+        self._msgtable_existed = (self.dir / "msgtable").is_dir()  # recover() checks it against the checkpoint
         self.msgs = MessageTable(self.dir / "msgtable", self.cfg.msgtable_segment_entries)
         self.keys = self._open_keys()
         self.timers: TimerIndex  # opened by recover()
@@ -141,6 +144,8 @@ class Store:
         self.next_seq = 1
         self.indexed = 0  # C: commit-log offset fully indexed
         self.durable_indexed = 0  # C as of the last checkpoint written
+        self.indexed_at: dict[int, int] = {}  # commit segment base -> time a checkpoint covered it
+        self._msgtable_pins: dict[int, int] = {}  # msgtable segment -> a pending seq that pins it
         self.read_time_ms = 0  # R as of the last checkpoint (lap safety uses the durable one)
         self.load_time_ms = 0  # D: next slot dequeue-get will load
         self.slot_counts = array("i", bytes(4 * self.cfg.slot_count))
@@ -156,12 +161,10 @@ class Store:
     def recover(self) -> RecoveryReport:
         t0 = time.monotonic()
         rep = RecoveryReport()
-        cp = self._load_checkpoint(rep)
-        start = cp.commit_indexed if cp else self.commit.start
-        rep.commit = self.commit.recover(start)
+        tlog = TimerLog(self.dir / "timerlog", self.cfg.timerlog_segment_units)
+        cp = self._load_checkpoint(rep, tlog.end)
 
         wheel_path = self.dir / "timerwheel"
-        tlog = TimerLog(self.dir / "timerlog", self.cfg.timerlog_segment_units)
         try:
             wheel = TimerWheel(wheel_path, self.cfg.precision_ms, self.cfg.slot_count)
         except (GeometryMismatch, CorruptData) as e:
@@ -170,7 +173,14 @@ class Store:
             log.warning("TimerWheel unusable (%s); moved to %s and rebuilding", e, aside.name)
             wheel = TimerWheel(wheel_path, self.cfg.precision_ms, self.cfg.slot_count)
             rep.wheel = f"rebuilt ({type(e).__name__})"
+            if isinstance(e, GeometryMismatch) and cp is not None:
+                # The TimerLog's chains follow the old slots and cannot be re-linked into the new
+                # ones: index everything again from the commit log, as without a checkpoint.
+                rep.checkpoint = f"set aside: wheel geometry changed; full rescan (checkpoint {rep.checkpoint})"
+                cp = None
         self.timers = TimerIndex(tlog, wheel)
+        start = cp.commit_indexed if cp else self.commit.start
+        rep.commit = self.commit.recover(start)
 
         now = self.clock_ms()
         if cp is not None:
@@ -178,8 +188,11 @@ class Store:
             if rep.wheel == "ok" and (wheel.created or self.timers.check_slots()):
                 rep.wheel = "rebuilt (missing)" if wheel.created else "rebuilt (damaged slots)"
             if rep.wheel == "ok":
-                rep.units_stripped = self.timers.strip_after(cp.timerlog_end)
-            else:
+                try:
+                    rep.units_stripped = self.timers.strip_after(cp.timerlog_end)
+                except CorruptData as e:
+                    rep.wheel = f"rebuilt (damaged TimerLog: {e})"
+            if rep.wheel != "ok":
                 self._rebuild_wheel(cp.timerlog_end)
             rep.timerlog_truncated = tlog.truncate(cp.timerlog_end)
         else:
@@ -284,8 +297,10 @@ class Store:
         self.keys.delivered(done)
         self.keys.commit(self.commit.end)
 
-    def _load_checkpoint(self, rep: RecoveryReport) -> ckpt.Checkpoint | None:
-        """The newest valid checkpoint (current, else the previous one), or None."""
+    def _load_checkpoint(self, rep: RecoveryReport, timerlog_end: int) -> ckpt.Checkpoint | None:
+        """The newest valid checkpoint (current, else the previous one), or None. Besides its
+        own checks, it must agree with the files it describes: a derived file that lost what the
+        checkpoint counts on (a truncated TimerLog, a deleted message table) forces a rescan."""
         problems = []
         for path in (self.dir / "checkpoint", ckpt.previous(self.dir / "checkpoint")):
             try:
@@ -294,6 +309,13 @@ class Store:
                     raise Insane(f"expects a commit log of {cp.commit_end} bytes, found {self.commit.end}")
                 if cp.commit_indexed < self.commit.start:
                     raise Insane("points before the oldest commit-log segment")
+                if cp.timerlog_end > timerlog_end:
+                    raise Insane(f"expects a TimerLog of {cp.timerlog_end} bytes, found {timerlog_end}")
+                last, per = cp.next_seq - 1, self.msgs.segment_entries
+                if last > 0 and (not self._msgtable_existed or (
+                        (last // per + 1) * per > cp.next_seq and not self.msgs.has_entry(last))):
+                    # (A segment wholly below next_seq may be gone to retention, never a partial one.)
+                    raise Insane(f"the message table lacks entries up to seq {last}")
             except FileNotFoundError:
                 continue
             except CorruptData as e:
@@ -318,10 +340,16 @@ class Store:
                 self.slot_counts = array("i", raw)
         self.far_counts = dict(cp.far_schedule)
         self.groups_snapshot = cp.groups
+        self.indexed_at = dict(cp.indexed_at)
+        self.durable_indexed = cp.commit_indexed
 
-    def _rebuild_wheel(self, timerlog_end: int) -> None:
-        units = (u for u in self.timers.log.scan(self.timers.log.start, timerlog_end))
-        self.timers.rebuild(units, self.read_time_ms)
+    def _rebuild_wheel(self, timerlog_end: int | None = None) -> None:
+        damaged: list[int] = []
+        self.timers.rebuild(self.timers.log.scan(self.timers.log.start, timerlog_end, damaged), self.read_time_ms)
+        if damaged:
+            # Their messages are lost to the timer (the unit held which message it was).
+            log.error("TimerLog: %d damaged units skipped while rebuilding the wheel (first at %d)",
+                      len(damaged), damaged[0])
 
     def _count_append(self, rec: Record) -> None:
         """Counter changes of one appended record (the same as at append time)."""
@@ -605,7 +633,7 @@ class Store:
             log.error("TimerWheel slot %d damaged (%s); rebuilding the wheel from the TimerLog", slot_time, e)
             # From the durable read time, not `slot_time`: slots loaded since the checkpoint may
             # still be in flight and are walked again if we crash before the next checkpoint.
-            self.timers.rebuild(self.timers.log.scan(self.timers.log.start), self.read_time_ms)
+            self._rebuild_wheel()
             out = [u for u in self.timers.walk(slot_time) if u.pos not in passed]
         if out:
             yield out
@@ -709,7 +737,7 @@ class Store:
             ready_ends={t: q.end for t, q in self.ready.items()},
             counters={"totals": dict(self.totals), "topics": {t: dict(c) for t, c in self.topic_counts.items()}},
             schedule=zlib.compress(self.slot_counts.tobytes(), 1), far_schedule=dict(self.far_counts),
-            groups=groups, created_ms=self.clock_ms())
+            groups=groups, created_ms=self.clock_ms(), indexed_at=dict(self.indexed_at))
         return cp, fds
 
     def finish_checkpoint(self, cp: ckpt.Checkpoint, fds: list[int]) -> None:
@@ -720,6 +748,84 @@ class Store:
     def checkpoint_saved(self, cp: ckpt.Checkpoint) -> None:
         self.read_time_ms = cp.read_time_ms
         self.durable_indexed = cp.commit_indexed
+        for base in self.commit.files.bases:
+            if base not in self.indexed_at and self.commit.files.segment_end(base) <= cp.commit_indexed \
+                    and base != self.commit.files.bases[-1]:
+                self.indexed_at[base] = cp.created_ms
+
+    # ---------------------------------------------------------------------------------- retention
+    def retain(self, now_ms: int, retention_ms: int, needed: dict[str, int]) -> dict[str, int]:
+        """Delete every segment nothing needs any more; returns what was deleted per kind.
+
+        `needed`: per topic, the lowest ready-queue index a consumer group still needs (its
+        ack floor, or a dead letter's index); topics without groups are kept for
+        `retention_ms` after release only. Nothing is deleted that a recovery from the last
+        checkpoint would read.
+
+        Commit log and TimerLog need no per-message bookkeeping: a segment fully indexed at
+        time τ holds nothing pending once the durable read time passes τ + roll window —
+        whatever was due later than that rolled forward into a newer segment (RIP-43), so a
+        far-future message never pins an old segment.
+        """
+        gone = {"ready": 0, "commit": 0, "timerlog": 0, "msgtable": 0}
+        # A unit fires at most roll window + the reader's lead (lookahead + a slot) after it
+        # was written; the margin covers that lead with room to spare.
+        horizon = self.read_time_ms - self.cfg.roll_window_ms - self.cfg.lookahead_ms - 2 * self.cfg.precision_ms \
+            - RETENTION_MARGIN_MS
+        low = min(self.durable_indexed, self.keys.commit_pos)
+        for topic, q in self.ready.items():
+            keep_from = None
+            for first, end, lo, released in q.segments():
+                if keep_from is None and end <= needed.get(topic, end) and released < now_ms - retention_ms \
+                        and end < q.end:
+                    continue
+                keep_from = first if keep_from is None else keep_from
+                low = min(low, lo)
+            if keep_from:
+                gone["ready"] += len(q.delete_before(keep_from))
+        for base in self.commit.files.bases[:-1]:
+            t = self.indexed_at.get(base)
+            if t is None or t > horizon:
+                low = min(low, base)
+                break
+        deleted = self.commit.delete_before(low)
+        for base in deleted:
+            self.indexed_at.pop(base, None)
+        gone["commit"] = len(deleted)
+        tl = self.timers.log
+        for base in tl.files.bases[:-1]:
+            end = tl.files.segment_end(base)
+            if end > self.timers.log.end or end <= base:
+                break
+            last = tl.read(end - UNIT_SIZE)
+            if last.enqueue_time > horizon:
+                break
+            gone["timerlog"] += len(tl.delete_before(end))
+        gone["msgtable"] = self._retain_msgtable(low)
+        return gone
+
+    def _retain_msgtable(self, low: int, scans: int = 2) -> int:
+        """Drop message-table segments whose messages are all final and whose records are
+        gone (below `low`); an id older than that answers 404. Segments are independent, so
+        a long-pending message pins only its own: it is remembered and the segment skipped
+        until that message is final. At most `scans` segments are read per round."""
+        n = 0
+        for seg in sorted(self.msgs.segments()):
+            if (seg + 1) * self.msgs.segment_entries > self.next_seq or scans <= 0:
+                break
+            pin = self._msgtable_pins.get(seg)
+            if pin is not None and self.msgs.get(pin)[0] == MessageState.SCHEDULED:
+                continue
+            scans -= 1
+            why = self.msgs.blocker(seg, low)
+            if why is None:
+                self._msgtable_pins.pop(seg, None)
+                n += self.msgs.delete_segment(seg)
+            elif why[0] == "pending":
+                self._msgtable_pins[seg] = why[1]
+            else:
+                break  # records still needed here are needed in every newer segment too
+        return n
 
     # ---------------------------------------------------------------------------------- retention
     def disk_bytes(self) -> int:

@@ -139,21 +139,27 @@ class TimerIndex:
 
     def rebuild(self, units: Iterable[Unit], read_time_ms: int) -> int:
         """Recreate the wheel from TimerLog units (in log order) that fire at or after
-        `read_time_ms`; returns how many units were linked."""
+        `read_time_ms`; returns how many units were linked.
+
+        Every readable unit of a slot is linked, in log order: the units are the truth, not
+        their pointers. Where a unit's prev_pos does not name the unit before it in its slot
+        (the one in between is damaged and was skipped, or a pointer was flipped) it is
+        rewritten in place, so the chain walks around the damage instead of into it.
+        """
         self.wheel.reset()
         slots: dict[int, list[int]] = {}
         n = 0
+        floor = self.wheel.slot_time(read_time_ms)
         for u in units:
             st = self.wheel.slot_time(u.fire_time)
-            if st < self.wheel.slot_time(read_time_ms):
+            if st < floor:
                 continue
             s = slots.get(st)
-            if s is None or u.prev_pos != s[1]:
-                # The chain as written is the truth: a unit starting a new chain resets the slot.
-                if u.prev_pos == NO_POS or s is None:
-                    s = slots[st] = [u.pos, u.pos, 0, 0]
-                else:
-                    continue
+            head = NO_POS if s is None else s[1]
+            if u.prev_pos != head:
+                self.log.relink(u.pos, head)
+            if s is None:
+                s = slots[st] = [u.pos, u.pos, 0, 0]
             s[1] = u.pos
             s[2] += 1
             s[3] |= u.magic

@@ -133,7 +133,9 @@ class TimerLog:
             yield unit
             pos = unit.prev_pos
 
-    def scan(self, start: int, end: int | None = None) -> Iterator[Unit]:
+    def scan(self, start: int, end: int | None = None, damaged: list[int] | None = None) -> Iterator[Unit]:
+        """Units from `start` in log order. A damaged unit raises Insane, or, when a `damaged`
+        list is given, is skipped and its position appended to the list."""
         stop = self.files.end if end is None else end
         pos = max(start, self.files.start)
         pos -= pos % UNIT_SIZE
@@ -148,8 +150,19 @@ class TimerLog:
                 continue
             buf = self.files.read(pos, n)
             for i in range(0, len(buf) - UNIT_SIZE + 1, UNIT_SIZE):
-                yield unpack_unit(buf, i, pos + i)
+                try:
+                    unit = unpack_unit(buf, i, pos + i)
+                except Insane:
+                    if damaged is None:
+                        raise
+                    damaged.append(pos + i)
+                    continue
+                yield unit
             pos += len(buf) - len(buf) % UNIT_SIZE
+
+    def relink(self, pos: int, prev_pos: int) -> None:
+        """Rewrite one unit's prev_pos in place (wheel rebuild, around a damaged unit)."""
+        self.files.write_at(pos + 4, struct.pack("<q", prev_pos))
 
     def truncate(self, pos: int) -> int:
         return self.files.truncate(pos)

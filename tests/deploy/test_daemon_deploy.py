@@ -31,6 +31,7 @@ EXPECTED: dict[str, tuple[str, set[str]]] = {
     "delayd_lateness_seconds": ("histogram", set()),
     "delayd_stage_queue_depth": ("gauge", {"stage"}),
     "delayd_scheduled_messages": ("gauge", set()),
+    "delayd_topic_scheduled_messages": ("gauge", {"topic"}),
     "delayd_disk_bytes": ("gauge", set()),
     "delayd_recovery_seconds": ("gauge", set()),
     "delayd_group_backlog": ("gauge", {"topic", "group"}),

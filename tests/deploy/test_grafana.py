@@ -27,6 +27,7 @@ REQUIRED_METRICS = [
     "delayd_lateness_seconds_bucket",
     "delayd_stage_queue_depth",
     "delayd_scheduled_messages",
+    "delayd_topic_scheduled_messages",
     "delayd_disk_bytes",
     "delayd_recovery_seconds",
     "delayd_group_backlog",
@@ -89,7 +90,8 @@ def test_required_panels(dashboard: dict[str, Any]) -> None:
         "Produce rate by topic",
         "Delivery and cancel rate by topic",
         "Delivery lateness percentiles",
-        "Pending by due time",
+        "Pending by shard",
+        "Pending by topic",
         "Pipeline stage queue depths",
         "Consumer backlog (due, not delivered)",
         "Dead letters by group",
@@ -151,3 +153,14 @@ def test_every_query_is_valid_promql(dashboard: dict[str, Any], tmp_path: Path) 
     r = run_ok([tool("promtool"), "check", "rules", str(rules)])
     n = sum(1 for line in lines if line.lstrip().startswith("- record:"))
     assert f"SUCCESS: {n} rules found" in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+def test_dashboard_json_is_generated() -> None:
+    """deploy/grafana/gen_dashboard.py is the source; the committed JSON must be its output."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gen_dashboard", DEPLOY / "grafana" / "gen_dashboard.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert DASHBOARD.read_text() == module.render(), "run: python deploy/grafana/gen_dashboard.py"

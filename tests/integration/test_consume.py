@@ -9,6 +9,8 @@ lower bounds the broker must respect (never early) and generous upper bounds.
 from __future__ import annotations
 
 import base64
+import http.client
+import json
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -461,3 +463,30 @@ def test_restart_redelivers_only_unacked_messages_from_attempt_one(tmp_path, how
     finally:
         d.stop()
     daemon_log_clean(d)
+
+
+@pytest.mark.xfail(strict=True, reason="broker/service.py pull + broker/cli.py shutdown: SIGTERM waits for pending "
+                                       "long-polls (up to wait_ms / the 5 s runner timeout) and then drops them "
+                                       "without an answer (reported to the lead)")
+def test_sigterm_answers_pending_long_polls_and_stops_promptly(tmp_path) -> None:
+    d = DaemonProcess(tmp_path / "data").start()
+    try:
+        Api(d).subscribe("lp", "g")
+        conn = http.client.HTTPConnection("127.0.0.1", d.port, timeout=30)
+        # A request answered on this connection first, so the daemon has accepted it; then the
+        # long-poll is written before the signal and only its answer is awaited in a thread.
+        conn.request("GET", "/healthz")
+        conn.getresponse().read()
+        conn.request("POST", "/v1/topics/lp/subscriptions/g/pull", body=b'{"wait_ms": 6000}',
+                     headers={"Content-Type": JSON})
+        with ThreadPoolExecutor(1) as pool:
+            fut = pool.submit(lambda: (r := conn.getresponse(), r.status, r.read())[1:])
+            t0 = time.monotonic()
+            assert d.stop() == 0
+            stopped_in = time.monotonic() - t0
+            status, raw = fut.result(timeout=30)
+        conn.close()
+        assert (status, json.loads(raw)) == (200, {"messages": []}), "a pending long-poll ends empty"
+        assert stopped_in < 3, f"SIGTERM took {stopped_in:.1f} s with a long-poll pending"
+    finally:
+        d.stop()

@@ -12,8 +12,11 @@ operation (after the commit log is flushed) until it is killed.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -101,7 +104,7 @@ class Driver:
     def checkpoint(self) -> None:
         self.store.checkpoint(self.read_time(), {})
 
-    def advance(self, ms: int, tick: int = 7, checkpoint_every_ms: int = 50) -> None:
+    def advance(self, ms: int, tick: int = 7, checkpoint_every_ms: int = 100) -> None:
         end = self.now + ms
         if self.last_cp is None:
             self.last_cp = self.now
@@ -112,6 +115,18 @@ class Driver:
                 self.checkpoint()
                 self.last_cp = self.now
                 self.enqueue()
+
+
+@contextlib.contextmanager
+def no_fsync() -> Iterator[None]:
+    """fsync as a no-op. What these tests check survives a process crash through the page cache
+    alone; power loss is not simulated, and thousands of fsyncs would only make them slow."""
+    real = os.fsync
+    os.fsync = lambda fd: None
+    try:
+        yield
+    finally:
+        os.fsync = real
 
 
 def open_store(d: Path, clock: list[int], cfg: StoreConfig = SMALL) -> Store:
@@ -140,6 +155,7 @@ def drain(drv: Driver, until: int, tick: int = 9) -> None:
 
 
 def child(data_dir: Path, seed: int) -> None:
+    os.fsync = lambda fd: None  # see no_fsync(): a SIGKILL leaves the page cache intact
     rng = random.Random(seed)
     clock = [1_000_000]
     s = open_store(data_dir, clock)
