@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: install run test lint format bench torture clean
+.PHONY: install run test lint format bench torture clean tools cluster cluster-stop
 
 install: $(STAMP)
 
@@ -17,8 +17,18 @@ $(STAMP): pyproject.toml
 run: install
 	$(PY) -m broker serve
 
-test: install
+tools:
+	scripts/install-test-deps.sh
+	deploy/install_tools.sh
+
+test: install tools
 	$(PY) -m pytest -q
+
+cluster: install
+	deploy/cluster.sh start
+
+cluster-stop:
+	deploy/cluster.sh stop
 
 lint: install
 	$(PY) -m ruff check broker storage client tests bench
@@ -35,4 +45,5 @@ torture: install
 	DELAYD_TORTURE_CYCLES=500 $(PY) -m pytest -q -m torture tests/robustness
 
 clean:
-	rm -rf $(VENV) delayd-data .pytest_cache .mypy_cache .ruff_cache
+	-deploy/cluster.sh stop
+	rm -rf $(VENV) delayd-data cluster-data .tools .pytest_cache .mypy_cache .ruff_cache

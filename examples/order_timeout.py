@@ -98,7 +98,7 @@ async def main() -> int:
 
     async with AsyncClient(args.url, args.token) as client:
         await client.subscribe(TOPIC, GROUP)
-        consumer = AsyncConsumer(client, TOPIC, GROUP, close_order, concurrency=8, wait_ms=1_000)
+        consumer = AsyncConsumer(client, TOPIC, GROUP, close_order, concurrency=8, wait_ms=500)
         consumer.start()
         try:
             await place_and_pay(client, shop, args.orders, args.timeout_ms)

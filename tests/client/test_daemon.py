@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
@@ -32,8 +34,7 @@ from client import (
 from client.cli import main as cli_main
 from client.ring import HashRing
 from tests.client.helpers import Either, until_async
-from tests.client.test_example import run_example
-from tests.support.daemon import DaemonProcess
+from tests.support.daemon import ROOT, DaemonProcess
 
 _names = itertools.count()
 
@@ -239,6 +240,12 @@ def test_cli_against_daemon(daemon: DaemonProcess, tmp_path: Path, capsys: pytes
     assert cli_main(["schedule", "--hours", "1", "--url", daemon.url]) == 0
 
 
+def run_example(url: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(ROOT / "examples" / "order_timeout.py"), "--url", url,
+                           "--orders", "8", "--timeout-ms", "600", "--deadline-s", "20"],
+                          capture_output=True, text=True, timeout=60)
+
+
 def test_order_timeout_example(daemon: DaemonProcess) -> None:
     done = run_example(daemon.url)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -259,10 +266,14 @@ async def test_sharded_client(shards: list[DaemonProcess]) -> None:
         unkeyed = await client.send_batch(topic, [{"body": "u1"}, {"body": "u2"}])
         assert len({r.id.split("-", 1)[0] for r in unkeyed}) == 1
 
-        assert (await client.get(sent[5].id)).key == "k5"
-        assert (await client.get_key(topic, "k6")).id == sent[6].id
-        assert (await client.cancel_key(topic, "k7")).id == sent[7].id
-        assert (await client.cancel(sent[8].id)).state == "cancelled"
+        later = await client.send_batch(topic, [{"body": "l", "key": f"c{i}", "delay_ms": 600_000}
+                                                for i in range(10)])
+        assert (await client.get(later[5].id)).key == "c5"
+        assert (await client.get_key(topic, "c6")).id == later[6].id
+        assert (await client.cancel_key(topic, "c7")).id == later[7].id
+        assert (await client.cancel(later[8].id)).state == "cancelled"
+        with pytest.raises(AlreadyDelivered):
+            await client.cancel(sent[0].id)  # due at once: already being delivered
 
         got: list[ReceivedMessage] = []
 
@@ -270,12 +281,12 @@ async def test_sharded_client(shards: list[DaemonProcess]) -> None:
             batch = await client.pull(topic, "g", max=7, wait_ms=500)
             assert len(batch) <= 7
             got.extend(batch)
-            return len(got) >= 60
-        await until_async(pulled_all, timeout_s=20, what="60 messages from 3 shards")
-        assert len({m.id for m in got}) == 60
+            return len(got) >= 62
+        await until_async(pulled_all, timeout_s=20, what="62 messages from 3 shards")
+        assert {m.id for m in got} == {r.id for r in sent + unkeyed}
         assert {m.id.split("-", 1)[0] for m in got} == {"s0", "s1", "s2"}
         ack = await client.ack(topic, "g", got)
-        assert ack.acked == 60 and ack.stale == []
+        assert ack.acked == 62 and ack.stale == []
         stats = await client.stats()
         assert set(stats.shards) == {"s0", "s1", "s2"} and stats.topics[topic]["delivered_total"] >= 60
 
@@ -303,18 +314,17 @@ def test_sharded_consumer(shards: list[DaemonProcess]) -> None:
     assert stats.succeeded == 30 and len(seen) == 30
 
 
-async def test_daemon_restart_is_survived_by_retries(tmp_path: Path) -> None:
-    d = DaemonProcess(tmp_path / "data").start()
-    try:
-        # Generous retries: ride out the whole restart (connection refused, then 503 until ready).
-        async with AsyncClient(d.url, retry=RetryPolicy(attempts=100, base_delay_ms=20, max_delay_ms=200)) as client:
-            r = await client.send("t", "x", key="k", delay_ms=600_000)
-            d.kill9()
-            restart = asyncio.ensure_future(asyncio.to_thread(d.start, False))
-            # Keyed produce and reads are retried through the outage (connection refused, then 503).
-            again = await client.send("t", "x", key="k", delay_ms=600_000)
-            assert again.duplicate and again.id == r.id
-            await restart
-            assert (await client.get(r.id)).state == MessageState.SCHEDULED
-    finally:
-        d.stop()
+async def test_daemon_restart_is_survived_by_retries(daemon: DaemonProcess) -> None:
+    """kill -9 and restart the shared daemon (same data directory) under a client's feet."""
+    topic = fresh("restart")
+    # Generous retries: ride out the whole restart (connection refused, then 503 until ready).
+    async with AsyncClient(daemon.url, retry=RetryPolicy(attempts=100, base_delay_ms=20, max_delay_ms=200)) as client:
+        r = await client.send(topic, "x", key="k", delay_ms=600_000)
+        daemon.kill9()
+        restart = asyncio.ensure_future(asyncio.to_thread(daemon.start, False))
+        # A keyed produce is retried through the outage, and the broker's dedup makes it a no-op.
+        again = await client.send(topic, "x", key="k", delay_ms=600_000)
+        assert again.duplicate and again.id == r.id
+        await restart
+        assert (await client.get(r.id)).state == MessageState.SCHEDULED
+    daemon.wait_ready()

@@ -477,7 +477,7 @@ def test_sigterm_answers_pending_long_polls_and_stops_promptly(tmp_path) -> None
         # long-poll is written before the signal and only its answer is awaited in a thread.
         conn.request("GET", "/healthz")
         conn.getresponse().read()
-        conn.request("POST", "/v1/topics/lp/subscriptions/g/pull", body=b'{"wait_ms": 6000}',
+        conn.request("POST", "/v1/topics/lp/subscriptions/g/pull", body=b'{"wait_ms": 4000}',
                      headers={"Content-Type": JSON})
         with ThreadPoolExecutor(1) as pool:
             fut = pool.submit(lambda: (r := conn.getresponse(), r.status, r.read())[1:])

@@ -29,7 +29,7 @@ from tests.robustness.rawhttp import get, raw_request, read_all, status_of
 from tests.support.daemon import DaemonProcess, wait_until
 
 SENTINEL_TOPIC = "sentinel-topic-7f3a9c"
-SETTINGS = settings(max_examples=1500, deadline=None, derandomize=True, database=None,
+SETTINGS = settings(max_examples=1000, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 

@@ -204,8 +204,6 @@ def test_flipped_byte_in_the_last_record(sc: Scenario) -> None:
 
 def pick_mid_segment(sc: Scenario, after_checkpoint: bool) -> Record:
     recs = sc.records()
-    seg_of = {r.offset: r.offset - r.offset % 1 for r in recs}
-    del seg_of
     bases = sorted(int(p.name) for p in (sc.dir / "commitlog").iterdir())
     for i, r in enumerate(recs[1:-1], 1):
         same_segment = recs[i - 1].offset >= max(b for b in bases if b <= r.offset) and \

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import struct
 from pathlib import Path
 
@@ -40,7 +41,6 @@ def test_unknown_entries(tmp_path: Path) -> None:
     assert t.get(7) == (MessageState.UNKNOWN, -1, 0, 0)  # past the end of the file
     assert t.get(0)[0] == MessageState.UNKNOWN  # a hole
     t.set(2, MessageState.SCHEDULED, 5, 5)
-    import os
     os.pwrite(t._fd(0), bytes((99,)), 2 * ENTRY_SIZE)  # a state this build does not know
     assert t.get(2) == (MessageState.UNKNOWN, -1, 0, 0)
     t.close()

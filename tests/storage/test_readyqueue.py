@@ -11,7 +11,7 @@ from storage.segments import segment_name
 
 
 def u(i: int) -> tuple[int, int, int, int, int, int]:
-    return (1000 * i, 60 + i, tag_hash("t%d" % (i % 2)), 5_000 + i, 5_010 + i, i + 1)
+    return (1000 * i, 60 + i, tag_hash(f"t{i % 2}"), 5_000 + i, 5_010 + i, i + 1)
 
 
 def test_unit_fields_at_their_offsets(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -234,7 +235,7 @@ OPS = st.one_of(
 @settings(max_examples=40, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(ops=st.lists(OPS, max_size=25))
-def test_store_model(ops: list[tuple]) -> None:  # type: ignore[type-arg]
+def test_store_model(ops: list[tuple[Any, ...]]) -> None:
     with no_fsync():
         d = Path(tempfile.mkdtemp(prefix="store-model-"))
         try:
@@ -243,7 +244,7 @@ def test_store_model(ops: list[tuple]) -> None:  # type: ignore[type-arg]
             shutil.rmtree(d, ignore_errors=True)
 
 
-def run_model(d: Path, ops: list[tuple]) -> None:  # type: ignore[type-arg]
+def run_model(d: Path, ops: list[tuple[Any, ...]]) -> None:
     clock = [T0]
     s = open_store(d, clock)
     drv = Driver(s, clock)
@@ -322,8 +323,8 @@ def test_kill9_in_the_middle_loses_nothing_acknowledged(tmp_path: Path, seed: in
         if kind == "ack":
             last_clock = max(last_clock, int(rest[0]))
             for item in rest[1:]:
-                seq, deliver_at = item.split(":")
-                acked[int(seq)] = int(deliver_at)
+                seq_s, deliver_at = item.split(":")
+                acked[int(seq_s)] = int(deliver_at)
         elif kind == "cancel":
             cancelled.add(int(rest[0]))
         elif kind == "clock":

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# System packages the test suite uses. Idempotent; skips what is already there.
+set -euo pipefail
+need=()
+command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)
+command -v openssl >/dev/null 2>&1 || need+=(openssl)
+if [ ${#need[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}"
+fi
