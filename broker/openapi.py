@@ -66,8 +66,10 @@ def _op(summary: str, ok: dict[str, Any], body: dict[str, Any] | None = None,
         params: list[dict[str, Any]] | None = None, extra: dict[str, str] | None = None,
         body_required: bool = True) -> dict[str, Any]:
     responses: dict[str, Any] = {"200": {"description": "OK", "content": {"application/json": {"schema": ok}}}}
-    errors = {"400": "Bad input", "401": "Missing or wrong token", "403": "Not allowed", **(extra or {})}
+    errors = {"400": "Bad input", "401": "Missing or wrong token", "403": "Not allowed",
+              "503": "Recovery is still running", **(extra or {})}
     if body is not None:
+        errors["408"] = "The request body did not arrive in time"
         errors["415"] = "Content-Type is neither application/json nor application/msgpack"
     for code, text in errors.items():
         responses[code] = {"description": text, "content": {"application/json": {"schema": ERROR}}}

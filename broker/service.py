@@ -52,6 +52,7 @@ class Broker:
         self.listeners: list[Any] = []  # metrics hooks: objects with on_release(dues, now)
         self._tasks: list[asyncio.Task[None]] = []
         self._stopped = False
+        self._writing: asyncio.Future[None] | None = None  # a checkpoint being written in a thread
 
     # ---------------------------------------------------------------------------------- lifecycle
     async def start(self) -> None:
@@ -91,6 +92,8 @@ class Broker:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._writing is not None:
+            await asyncio.gather(self._writing, return_exceptions=True)
         summary = {"produced": self.store.totals["produced"], "delivered": self.store.totals["delivered"],
                    "cancelled": self.store.totals["cancelled"], "scheduled": self.store.scheduled}
         try:
@@ -110,8 +113,10 @@ class Broker:
             self.expire_keys()
             cp, fds = self.store.prepare_checkpoint(self.pipeline.inflight.read_time(), self.groups.snapshot())
             try:
-                # The fsyncs take the disk's time, not the event loop's.
-                await loop.run_in_executor(None, self.store.finish_checkpoint, cp, fds)
+                # The fsyncs take the disk's time, not the event loop's. Shielded: a stop
+                # waits for this write to end rather than racing it.
+                self._writing = loop.run_in_executor(None, self.store.finish_checkpoint, cp, fds)
+                await asyncio.shield(self._writing)
             except OSError as e:
                 log.error("checkpoint failed: %s", e)
                 continue
@@ -168,6 +173,11 @@ class Broker:
         fresh_at: list[int] = []
         cancels: list[tuple[int, str, str | None]] = []
         in_batch: dict[str, int] = {}
+        by_topic: dict[str, list[str]] = {}
+        for m in messages:
+            if m.key is not None:
+                by_topic.setdefault(m.topic, []).append(m.key)
+        holders = {(t, k): h for t, ks in by_topic.items() for k, h in store.key_holders(t, ks).items()}
         for i, m in enumerate(messages):
             if m.key is not None:
                 if m.key in in_batch:
@@ -175,7 +185,7 @@ class Broker:
                         raise errors.InvalidMessage(f"message {i}: key {m.key!r} repeats in this batch", index=i)
                     results[i] = in_batch[m.key]
                     continue
-                holder = store.key_holder(m.topic, m.key)
+                holder = holders.get((m.topic, m.key))
                 if holder is not None:
                     seq, st, deliver_at, done_at = holder
                     if st == MessageState.SCHEDULED and replace[i]:

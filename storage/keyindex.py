@@ -29,25 +29,34 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 from storage.errors import UnsupportedVersion
 
 KEYINDEX_VERSION = 1
 
 
+Op = tuple[str, Any]
+
+
 class KeyIndex:
-    def __init__(self, path: Path, cache_kib: int = 8192) -> None:
+    """Reads answer at once; writes are queued and applied in one transaction per checkpoint.
+
+    Produce must not wait for B-tree writes, so `put_many`, `release`, `delivered` and
+    `expire` only queue an operation and update `recent`, an overlay that lookups consult
+    first. `take_ops` (event-loop thread) hands the queue to `apply` (a worker thread, on its
+    own connection: SQLite does the B-tree work without the GIL), and `applied` drops the
+    overlay entries that the database now answers. The overlay holds at most one
+    checkpoint interval of writes.
+    """
+
+    def __init__(self, path: Path, cache_kib: int = 16384) -> None:
         self.path = Path(path)
         self.created = not self.path.exists()
-        self.db = sqlite3.connect(self.path, isolation_level="DEFERRED", check_same_thread=False)
+        self.db = self._connect(cache_kib)
         version = self.db.execute("PRAGMA user_version").fetchone()[0]
         if version not in (0, KEYINDEX_VERSION):
             raise UnsupportedVersion(f"{self.path}: key index version {version}")
-        # WAL: readers never block; NORMAL: a commit is atomic, and what a power loss takes
-        # back is redone from the commit log (see commit_pos).
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")
-        self.db.execute(f"PRAGMA cache_size=-{cache_kib}")
         self.db.execute("CREATE TABLE IF NOT EXISTS keys (topic TEXT NOT NULL, key TEXT NOT NULL, "
                         "seq INTEGER NOT NULL, deliver_at INTEGER NOT NULL, done_at INTEGER, "
                         "PRIMARY KEY (topic, key)) WITHOUT ROWID")
@@ -55,53 +64,123 @@ class KeyIndex:
         self.db.execute("CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER) WITHOUT ROWID")
         self.db.execute(f"PRAGMA user_version={KEYINDEX_VERSION}")
         self.db.commit()
+        self.writer = self._connect(cache_kib)
+        self._ops: list[Op] = []
+        self._gen = 0
+        # (topic, key) -> (generation, (seq, deliver_at) or None when released)
+        self.recent: dict[tuple[str, str], tuple[int, tuple[int, int] | None]] = {}
+
+    def _connect(self, cache_kib: int) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, isolation_level="DEFERRED", check_same_thread=False)
+        # WAL: the reader never waits for the writer; NORMAL: a commit is atomic, and what a
+        # power loss takes back is redone from the commit log (see commit_pos).
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.execute(f"PRAGMA cache_size=-{cache_kib}")
+        return db
 
     @property
     def commit_pos(self) -> int:
         row = self.db.execute("SELECT value FROM meta WHERE name='commit_pos'").fetchone()
         return int(row[0]) if row else 0
 
+    # -- reads ----------------------------------------------------------------------------------
     def lookup(self, topic: str, key: str) -> tuple[int, int, int | None] | None:
         """(seq, deliver_at, done_at) of the message holding `key`, or None."""
-        row = self.db.execute("SELECT seq, deliver_at, done_at FROM keys WHERE topic=? AND key=?",
-                              (topic, key)).fetchone()
-        return (int(row[0]), int(row[1]), row[2]) if row else None
+        return self.lookup_many(topic, [key]).get(key)
 
+    def lookup_many(self, topic: str, keys: list[str]) -> dict[str, tuple[int, int, int | None]]:
+        out: dict[str, tuple[int, int, int | None]] = {}
+        ask = []
+        for k in keys:
+            hit = self.recent.get((topic, k))
+            if hit is None:
+                ask.append(k)
+            elif hit[1] is not None:
+                out[k] = (hit[1][0], hit[1][1], None)
+        for i in range(0, len(ask), 900):  # SQLite's bound-parameter limit is generous; stay well under
+            part = ask[i:i + 900]
+            marks = ",".join("?" * len(part))
+            for k, seq, deliver_at, done_at in self.db.execute(
+                    f"SELECT key, seq, deliver_at, done_at FROM keys WHERE topic=? AND key IN ({marks})",
+                    [topic, *part]):
+                out[k] = (int(seq), int(deliver_at), done_at)
+        return out
+
+    # -- writes (queued) ------------------------------------------------------------------------
     def put_many(self, rows: list[tuple[str, str, int, int]]) -> None:
         """(topic, key, seq, deliver_at): the message `seq` now holds the key."""
-        self.db.executemany("INSERT INTO keys (topic, key, seq, deliver_at, done_at) VALUES (?, ?, ?, ?, NULL) "
-                            "ON CONFLICT (topic, key) DO UPDATE SET seq=excluded.seq, "
-                            "deliver_at=excluded.deliver_at, done_at=NULL WHERE excluded.seq >= keys.seq", rows)
+        if not rows:
+            return
+        self._gen += 1
+        self._ops.append(("put", rows))
+        for topic, key, seq, deliver_at in rows:
+            self.recent[(topic, key)] = (self._gen, (seq, deliver_at))
 
     def release(self, topic: str, key: str, seq: int) -> None:
         """The key is free again (its message was cancelled)."""
-        self.db.execute("DELETE FROM keys WHERE topic=? AND key=? AND seq=?", (topic, key, seq))
+        self._gen += 1
+        self._ops.append(("release", (topic, key, seq)))
+        cur = self.recent.get((topic, key))
+        if cur is None or cur[1] is None or cur[1][0] == seq:
+            self.recent[(topic, key)] = (self._gen, None)
 
     def delivered(self, rows: list[tuple[int, str, str, int]]) -> None:
         """(done_at, topic, key, seq): the message was delivered; the key stays taken for the
-        dedup window."""
-        self.db.executemany("UPDATE keys SET done_at=? WHERE topic=? AND key=? AND seq=?", rows)
+        dedup window (until `expire`)."""
+        if rows:
+            self._ops.append(("delivered", rows))
 
-    def expire(self, before_ms: int) -> int:
+    def expire(self, before_ms: int) -> None:
         """Forget keys of messages delivered before `before_ms` (outside the dedup window)."""
-        return self.db.execute("DELETE FROM keys WHERE done_at IS NOT NULL AND done_at < ?", (before_ms,)).rowcount
+        self._ops.append(("expire", before_ms))
+
+    def take_ops(self) -> tuple[list[Op], int]:
+        ops, self._ops = self._ops, []
+        return ops, self._gen
+
+    def apply(self, ops: list[Op], commit_pos: int) -> None:
+        """Write queued operations and the log position they cover, atomically. Runs on the
+        writer connection; safe in a worker thread while the event loop keeps reading."""
+        w = self.writer
+        for kind, arg in ops:
+            if kind == "put":
+                w.executemany("INSERT OR REPLACE INTO keys (topic, key, seq, deliver_at, done_at) "
+                              "VALUES (?, ?, ?, ?, NULL)", arg)
+            elif kind == "release":
+                w.execute("DELETE FROM keys WHERE topic=? AND key=? AND seq=?", arg)
+            elif kind == "delivered":
+                w.executemany("UPDATE keys SET done_at=? WHERE topic=? AND key=? AND seq=?", arg)
+            elif kind == "expire":
+                w.execute("DELETE FROM keys WHERE done_at IS NOT NULL AND done_at < ?", (arg,))
+        w.execute("INSERT OR REPLACE INTO meta (name, value) VALUES ('commit_pos', ?)", (commit_pos,))
+        w.commit()
+
+    def applied(self, generation: int) -> None:
+        """Drop overlay entries the database now holds (written at or before `generation`)."""
+        stale = [k for k, (gen, _v) in self.recent.items() if gen <= generation]
+        for k in stale:
+            del self.recent[k]
 
     def commit(self, commit_pos: int) -> None:
-        """Make everything so far one atomic step, complete up to commit-log offset `commit_pos`."""
-        self.db.execute("INSERT OR REPLACE INTO meta (name, value) VALUES ('commit_pos', ?)", (commit_pos,))
-        self.db.commit()
+        """Apply everything queued now, on this thread (recovery and shutdown)."""
+        ops, gen = self.take_ops()
+        self.apply(ops, commit_pos)
+        self.applied(gen)
 
     def count(self) -> int:
         return int(self.db.execute("SELECT count(*) FROM keys").fetchone()[0])
 
     def reset(self) -> None:
-        self.db.execute("DELETE FROM keys")
-        self.db.execute("DELETE FROM meta")
-        self.db.commit()
+        self._ops.clear()
+        self.recent.clear()
+        self.writer.execute("DELETE FROM keys")
+        self.writer.execute("DELETE FROM meta")
+        self.writer.commit()
 
     def disk_bytes(self) -> int:
         return sum(p.stat().st_size for p in self.path.parent.glob(self.path.name + "*"))
 
     def close(self) -> None:
-        self.db.commit()
+        self.writer.close()
         self.db.close()

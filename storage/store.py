@@ -24,6 +24,7 @@ whose message is delivered or cancelled, is dropped at dispatch.
 
 from __future__ import annotations
 
+import collections
 import fcntl
 import logging
 import os
@@ -36,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from storage import checkpoint as ckpt
-from storage.commitlog import CommitLog, Record, RecordFlag, RecordType, ScanReport, encode
+from storage.commitlog import CommitLog, Record, RecordFlag, RecordType, ScanReport, encode, encode_messages
 from storage.errors import CorruptData, GeometryMismatch, Insane, StorageError
 from storage.keyindex import KeyIndex
 from storage.msgtable import MessageState, MessageTable
@@ -146,6 +147,7 @@ class Store:
         self.durable_indexed = 0  # C as of the last checkpoint written
         self.indexed_at: dict[int, int] = {}  # commit segment base -> time a checkpoint covered it
         self._msgtable_pins: dict[int, int] = {}  # msgtable segment -> a pending seq that pins it
+        self._key_ops: tuple[list[Any], int, int] = ([], 0, 0)  # key-index writes riding the checkpoint
         self.read_time_ms = 0  # R as of the last checkpoint (lap safety uses the durable one)
         self.load_time_ms = 0  # D: next slot dequeue-get will load
         self.slot_counts = array("i", bytes(4 * self.cfg.slot_count))
@@ -284,6 +286,7 @@ class Store:
                 rows = []
                 self.keys.release(rec.topic, rec.key, rec.seq)
         self.keys.put_many(rows)
+        self.keys.commit(self.commit.end)
         ends = cp.ready_ends if cp else {}
         done = []
         for topic, q in self.ready.items():
@@ -389,9 +392,7 @@ class Store:
         recs = [encode(Record(RecordType.CANCEL, seq, topic, key=key, produced_at=now_ms), RecordFlag.CONTINUED)
                 for seq, topic, key in cancels]
         n = len(msgs)
-        recs += [encode(Record(RecordType.MESSAGE, first + i, m.topic, m.body, m.deliver_at, now_ms, 0,
-                               m.tag, m.key, m.headers), RecordFlag.CONTINUED if i < n - 1 else 0)
-                 for i, m in enumerate(msgs)]
+        recs += encode_messages(msgs, first, now_ms)
         offsets = self.commit.append(recs)[len(cancels):]
         self.next_seq = first + n
         for seq, topic, key in cancels:
@@ -401,9 +402,9 @@ class Store:
         keyed = [(m.topic, m.key, first + i, m.deliver_at) for i, m in enumerate(msgs) if m.key is not None]
         if keyed:
             self.keys.put_many(keyed)
-        for m in msgs:
-            self._count(m.topic, "produced_total", 1)
-            self._count(m.topic, "scheduled", 1)
+        for topic, k in collections.Counter(m.topic for m in msgs).items():
+            self._count(topic, "produced_total", k)
+            self._count(topic, "scheduled", k)
         self.totals["produced"] += len(msgs)
         return list(range(first, first + len(msgs)))
 
@@ -588,16 +589,18 @@ class Store:
 
     # ---------------------------------------------------------------------------------- dequeue
     def key_holder(self, topic: str, key: str) -> tuple[int, MessageState, int, int | None] | None:
-        """(seq, state, deliver_at, done_at) of the message holding `key` now, or None. The
-        state comes from the message table, so a stale index entry cannot mislead."""
-        entry = self.keys.lookup(topic, key)
-        if entry is None:
-            return None
-        seq, deliver_at, done_at = entry
-        st, off, size, _ = self.msgs.get(seq)
-        if st in (MessageState.UNKNOWN, MessageState.CANCELLED):
-            return None
-        return seq, st, deliver_at, done_at
+        """(seq, state, deliver_at, done_at) of the message holding `key` now, or None."""
+        return self.key_holders(topic, [key]).get(key)
+
+    def key_holders(self, topic: str, keys: list[str]) -> dict[str, tuple[int, MessageState, int, int | None]]:
+        """Holders of many keys with one index query. The state comes from the message
+        table, so a stale index entry cannot mislead."""
+        out: dict[str, tuple[int, MessageState, int, int | None]] = {}
+        for key, (seq, deliver_at, done_at) in self.keys.lookup_many(topic, keys).items():
+            st = self.msgs.get(seq)[0]
+            if st not in (MessageState.UNKNOWN, MessageState.CANCELLED):
+                out[key] = (seq, st, deliver_at, done_at)
+        return out
 
     def take_late(self) -> list[Due]:
         late, self.late = self.late, []
@@ -730,7 +733,7 @@ class Store:
         for q in self.ready.values():
             fds += q.files.dirty_handles()
         fds.append(self.timers.wheel.dup_fd())  # fsync of the file also writes its mmap'd pages
-        self.keys.commit(self.commit.end)
+        self._key_ops = (*self.keys.take_ops(), self.commit.end)
         cp = ckpt.Checkpoint(
             commit_indexed=self.indexed, commit_end=self.commit.end, timerlog_end=self.timers.log.end,
             read_time_ms=read_time_ms, next_seq=self.next_seq,
@@ -741,11 +744,15 @@ class Store:
         return cp, fds
 
     def finish_checkpoint(self, cp: ckpt.Checkpoint, fds: list[int]) -> None:
-        """fsync, then write the checkpoint. Touches no shared state: safe in a worker thread."""
+        """Write the queued key-index changes, fsync, then write the checkpoint. Touches no
+        state the event loop uses: safe in a worker thread."""
+        ops, _gen, pos = self._key_ops
+        self.keys.apply(ops, pos)
         fsync_all(fds)
         ckpt.save(self.dir / "checkpoint", cp)
 
     def checkpoint_saved(self, cp: ckpt.Checkpoint) -> None:
+        self.keys.applied(self._key_ops[1])
         self.read_time_ms = cp.read_time_ms
         self.durable_indexed = cp.commit_indexed
         for base in self.commit.files.bases:
@@ -842,6 +849,7 @@ class Store:
         if hasattr(self, "timers"):
             self.timers.close()
         self.msgs.close()
+        self.keys.commit(self.commit.end)
         self.keys.close()
         for q in self.ready.values():
             q.close()

@@ -69,7 +69,12 @@ def test_start_latest_skips_what_is_already_due_earliest_gets_it(api: Api, topic
     new = ids(api.produce(topic, {"body": "new"}))
     assert ids(api.pull_until(topic, "late", 1)) == new
     assert not api.pull(topic, "late", wait_ms=300)
-    assert sorted(ids(api.pull_until(topic, "early", 4))) == sorted(old + new)
+    assert sorted(ids(api.pull_until(topic, "early", 4, ack=True))) == sorted(old + new)
+    # `start` only places a new group: a PUT on an existing one does not move it.
+    assert api.subscribe(topic, "late", start="earliest")["group"] == "late"
+    assert api.subscribe(topic, "early", start="latest")["group"] == "early"
+    assert api.pull(topic, "late", wait_ms=200) == []
+    assert api.pull(topic, "early", wait_ms=200) == []
 
 
 def test_first_pull_creates_group_at_earliest(api: Api, topic: str) -> None:

@@ -256,3 +256,23 @@ def test_damage_at_the_end_of_an_older_segment_is_not_truncated(tmp_path: Path) 
 
 def test_header_size_constant() -> None:
     assert HEADER_SIZE == 48 == cl.HEADER.size
+
+
+def test_encode_messages_matches_encode_record_by_record() -> None:
+    from storage.store import NewMessage
+    msgs = [NewMessage("t", b"body", 5), NewMessage("täpic", b"", -3, tag="x", key="k", headers={"a": "b"}),
+            NewMessage("t", b"z" * 300, 9, tag="", key=None, headers={})]
+    got = cl.encode_messages(msgs, 40, 1234)
+    want = [encode(Record(RecordType.MESSAGE, 40 + i, m.topic, m.body, m.deliver_at, 1234, 0, m.tag, m.key,
+                          m.headers), cl.RecordFlag.CONTINUED if i < 2 else 0) for i, m in enumerate(msgs)]
+    assert got == want
+    assert [decode(r).flags for r in got] == [1, 1, 0]
+    assert cl.encode_messages(msgs[:1], 1, 0, last_flags=cl.RecordFlag.CONTINUED) == \
+        [encode(Record(RecordType.MESSAGE, 1, "t", b"body", 5, 0), cl.RecordFlag.CONTINUED)]
+
+
+def test_decode_of_a_bytearray_or_memoryview_gives_bytes() -> None:
+    data = encode(full_record())
+    for buf in (bytearray(b"xx" + data), memoryview(b"xx" + data)):
+        r = decode(buf, 2)
+        assert type(r.body) is bytes and r.body == b"hello body" and r.headers == {"trace": "abc", "ü": "ß"}
