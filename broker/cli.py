@@ -93,6 +93,9 @@ async def serve(cfg: Config, clock: Clock | None = None) -> int:
             log.error("fatal: %s: %s", type(failed).__name__, failed)
             code = 1
             break
+    # Stop taking new connections, answer pending long-polls, then let handlers finish.
+    broker.stopping()
+    await site.stop()
     await runner.cleanup()
     return code
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from broker.clock import Clock
 from storage.commitlog import Record
-from storage.errors import DiskFull
+from storage.errors import CorruptData, DiskFull
 from storage.segments import fsync_all
 from storage.store import Due, Store
 
@@ -236,6 +236,7 @@ class DequeueGetMessage(Stage):
         self.store, self.inflight, self.appended = store, inflight, appended
         self.dropped = 0
         self.rolled = 0
+        self.unreadable = 0
 
     async def run(self) -> None:
         assert self.inbox is not None and self.outbox is not None
@@ -243,7 +244,15 @@ class DequeueGetMessage(Stage):
             slot_time, units = await self.inbox.get()
             dues: list[Due] = []
             for unit in units:
-                r = self.store.resolve(unit, slot_time)
+                try:
+                    r = self.store.resolve(unit, slot_time)
+                except CorruptData as e:
+                    # A damaged record (bit rot, a bad sector) loses that one message; letting
+                    # the stage die would stop delivery of all of them, again at every restart.
+                    log.error("message %d: its commit-log record at %d is unreadable (%s: %s); dropped",
+                              unit.seq, unit.commit_offset, type(e).__name__, e)
+                    self.unreadable += 1
+                    r = None
                 if isinstance(r, Due):
                     dues.append(r)
                     continue

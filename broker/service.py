@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from storage.store import Due, NewMessage, Store
 
 log = logging.getLogger("delayd.broker")
 
+ID_NUMBER = re.compile(r"[1-9a-f][0-9a-f]{0,15}")
 STATE_NAMES = {MessageState.SCHEDULED: "scheduled", MessageState.DELIVERED: "delivered",
                MessageState.CANCELLED: "cancelled"}
 
@@ -52,6 +54,7 @@ class Broker:
         self.listeners: list[Any] = []  # metrics hooks: objects with on_release(dues, now)
         self._tasks: list[asyncio.Task[None]] = []
         self._stopped = False
+        self._stopping = False
         self._writing: asyncio.Future[None] | None = None  # a checkpoint being written in a thread
 
     # ---------------------------------------------------------------------------------- lifecycle
@@ -80,6 +83,14 @@ class Broker:
                        asyncio.create_task(self._checkpoint_loop(), name="checkpoint")]
         self.recovery_seconds = time.monotonic() - t0
         self.ready = True
+
+    def stopping(self) -> None:
+        """Shutdown began: pending long-polls answer now (with what they have) instead of
+        holding the shutdown until their wait ends."""
+        self._stopping = True
+        if self.groups is not None:
+            for ev in self.groups.changed.values():
+                ev.set()
 
     async def stop(self) -> dict[str, Any]:
         """Idempotent: stop stages, flush, final checkpoint, close files."""
@@ -140,13 +151,11 @@ class Broker:
         return f"{self.cfg.node_id}-{seq:x}"
 
     def parse_id(self, message_id: str) -> int:
+        """The sequence number of an id this node issued; only the exact spelling counts."""
         node, _, num = message_id.partition("-")
-        if node != self.cfg.node_id or not num or len(num) > 16:
+        if node != self.cfg.node_id or not ID_NUMBER.fullmatch(num):
             raise errors.NotFound(f"no message {message_id!r}")
-        try:
-            return int(num, 16)
-        except ValueError:
-            raise errors.NotFound(f"no message {message_id!r}") from None
+        return int(num, 16)
 
     # ---------------------------------------------------------------------------------- produce
     def _require_ready(self) -> Store:
@@ -282,7 +291,7 @@ class Broker:
         while True:
             got = self.groups.take(g, max_n, lease_ms, tags)
             left = deadline - self.clock.monotonic()
-            if got or left <= 0:
+            if got or left <= 0 or self._stopping:
                 break
             ev = self.groups.event(topic)
             ev.clear()

@@ -23,6 +23,7 @@ from __future__ import annotations
 import enum
 import os
 import struct
+from collections.abc import Iterable
 from pathlib import Path
 
 ENTRY = struct.Struct("<BBHIq")
@@ -38,6 +39,28 @@ class MessageState(enum.IntEnum):
     CANCELLED = 3
 
 
+_STATES = tuple(MessageState)  # state byte -> MessageState without the (slow) Enum call
+_UNKNOWN_ENTRY = (MessageState.UNKNOWN, -1, 0, 0)
+BATCH_GAP = 256  # seqs this close share one read in a batch
+
+
+class _Span:
+    """Entries [first, first + len(buf) // 16) of one segment, held in memory by a batch."""
+    __slots__ = ("seg", "first", "buf", "valid", "lo", "hi")
+
+    def __init__(self, seg: int, first: int, buf: bytearray, valid: int) -> None:
+        self.seg, self.first, self.buf, self.valid = seg, first, buf, valid
+        self.lo, self.hi = len(buf), 0  # changed bytes [lo, hi)
+
+    def touch(self, lo: int, hi: int) -> None:
+        if lo < self.lo:
+            self.lo = lo
+        if hi > self.hi:
+            self.hi = hi
+            if hi > self.valid:
+                self.valid = hi
+
+
 class MessageTable:
     def __init__(self, directory: Path, segment_entries: int = SEGMENT_ENTRIES) -> None:
         self.directory = Path(directory)
@@ -45,6 +68,47 @@ class MessageTable:
         self.segment_entries = segment_entries
         self._fds: dict[int, int] = {}
         self._dirty: set[int] = set()
+        self._batch: dict[int, tuple[_Span, int]] | None = None  # seq -> (span, byte offset in it)
+        self._spans: list[_Span] = []
+
+    # -- batches: the same reads and writes, a few syscalls for many entries ------------------
+    def begin_batch(self, seqs: Iterable[int]) -> None:
+        """Read the entries of `seqs` with one pread per run of nearby seqs. Until `end_batch`,
+        get/set/set_state/flags/set_flags of those seqs work on the copy in memory (others go
+        to the file as usual); `end_batch` writes the changed bytes back, one pwrite per run."""
+        self.end_batch()
+        index: dict[int, tuple[_Span, int]] = {}
+        ordered = sorted(set(seqs))
+        per = self.segment_entries
+        i = 0
+        while i < len(ordered):
+            seg, lo = divmod(ordered[i], per)
+            j = i + 1
+            while j < len(ordered) and ordered[j] // per == seg and ordered[j] - ordered[j - 1] <= BATCH_GAP:
+                j += 1
+            fd = self._fds.get(seg)
+            if fd is None and (self.directory / f"{seg:020d}").exists():
+                fd = self._fd(seg)
+            if fd is not None:
+                hi = ordered[j - 1] % per
+                raw = os.pread(fd, (hi - lo + 1) * ENTRY_SIZE, lo * ENTRY_SIZE)
+                buf = bytearray(raw)
+                buf.extend(bytes((hi - lo + 1) * ENTRY_SIZE - len(raw)))
+                span = _Span(seg, lo, buf, len(raw))
+                self._spans.append(span)
+                base = seg * per + lo
+                for seq in ordered[i:j]:
+                    index[seq] = (span, (seq - base) * ENTRY_SIZE)
+            i = j
+        self._batch = index
+
+    def end_batch(self) -> None:
+        for span in self._spans:
+            if span.lo < span.hi:
+                os.pwrite(self._fd(span.seg), span.buf[span.lo:span.hi], span.first * ENTRY_SIZE + span.lo)
+                self._dirty.add(span.seg)
+        self._spans = []
+        self._batch = None
 
     def _fd(self, segment: int) -> int:
         fd = self._fds.get(segment)
@@ -55,6 +119,16 @@ class MessageTable:
 
     def get(self, seq: int) -> tuple[MessageState, int, int, int]:
         """(state, offset, size, roll_count); UNKNOWN when never written or deleted."""
+        if self._batch is not None:
+            hit = self._batch.get(seq)
+            if hit is not None:
+                span, at = hit
+                if at + ENTRY_SIZE > span.valid:
+                    return _UNKNOWN_ENTRY
+                state, _f, roll, size, offset = ENTRY.unpack_from(span.buf, at)
+                if state >= len(_STATES):
+                    return _UNKNOWN_ENTRY
+                return _STATES[state], offset, size, roll
         seg, idx = divmod(seq, self.segment_entries)
         fd = self._fds.get(seg)
         if fd is None:
@@ -77,13 +151,42 @@ class MessageTable:
         return path.exists() and path.stat().st_size >= (idx + 1) * ENTRY_SIZE
 
     def set(self, seq: int, state: MessageState, offset: int, size: int, roll_count: int = 0) -> None:
+        if self._batch is not None and seq in self._batch:
+            span, at = self._batch[seq]
+            ENTRY.pack_into(span.buf, at, state, 0, roll_count, size, offset)
+            span.touch(at, at + ENTRY_SIZE)
+            return
         seg, idx = divmod(seq, self.segment_entries)
         os.pwrite(self._fd(seg), ENTRY.pack(state, 0, roll_count, size, offset), idx * ENTRY_SIZE)
         self._dirty.add(seg)
 
     def set_state(self, seq: int, state: MessageState) -> None:
+        if self._batch is not None and seq in self._batch:
+            span, at = self._batch[seq]
+            span.buf[at] = state
+            span.touch(at, at + 1)
+            return
         seg, idx = divmod(seq, self.segment_entries)
         os.pwrite(self._fd(seg), bytes((state,)), idx * ENTRY_SIZE)
+        self._dirty.add(seg)
+
+    def flags(self, seq: int) -> int:
+        """The entry's flags byte (the store's bookkeeping bits), 0 when never written."""
+        if self._batch is not None and seq in self._batch:
+            span, at = self._batch[seq]
+            return span.buf[at + 1] if at + 2 <= span.valid else 0
+        seg, idx = divmod(seq, self.segment_entries)
+        raw = os.pread(self._fd(seg), 1, idx * ENTRY_SIZE + 1)
+        return raw[0] if raw else 0
+
+    def set_flags(self, seq: int, flags: int) -> None:
+        if self._batch is not None and seq in self._batch:
+            span, at = self._batch[seq]
+            span.buf[at + 1] = flags
+            span.touch(at + 1, at + 2)
+            return
+        seg, idx = divmod(seq, self.segment_entries)
+        os.pwrite(self._fd(seg), bytes((flags,)), idx * ENTRY_SIZE + 1)
         self._dirty.add(seg)
 
     def set_run(self, first_seq: int, entries: list[tuple[MessageState, int, int, int]]) -> None:

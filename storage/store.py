@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import fcntl
+import itertools
 import logging
 import os
 import time
@@ -56,6 +57,11 @@ FLAG_SLOT = 1  # counted in the per-slot array (a DEFAULT unit in the window)
 FLAG_FAR = 2  # counted in the hourly far-future map (parked in a ROLL unit)
 RETENTION_MARGIN_MS = 1000  # slack on top of the reader's lead, for retention horizons
 BLOCKED = object()  # index(): the next unit would overwrite an undispatched wheel lap
+# Plain-int and module-level aliases for the per-message hot path (enum attribute lookups and
+# IntFlag arithmetic cost more than the rest of the work there).
+_MESSAGE, _ROLL, _CANCEL, _GROUP = RecordType.MESSAGE, RecordType.ROLL, RecordType.CANCEL, RecordType.GROUP
+_SCHEDULED, _DELIVERED, _CANCELLED = MessageState.SCHEDULED, MessageState.DELIVERED, MessageState.CANCELLED
+_DEFAULT_BIT, _ROLL_BIT = int(UnitMagic.DEFAULT), int(UnitMagic.ROLL)
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +162,8 @@ class Store:
         self.totals = {"produced": 0, "delivered": 0, "cancelled": 0, "rolled": 0}
         self.groups_snapshot: dict[str, Any] = {}
         self.topic_names: dict[int, str] = {}
+        self._topic_hashes: dict[str, int] = {}  # memo of _topic_hash
+        self._slot_count = self.cfg.slot_count  # a computed property of the config
         self._full = False  # a full rescan: each message's current record counts as first indexed
         self.late: list[Due] = []  # indexed into a slot already loaded: dequeue-put takes them directly
 
@@ -319,7 +327,13 @@ class Store:
                         (last // per + 1) * per > cp.next_seq and not self.msgs.has_entry(last))):
                     # (A segment wholly below next_seq may be gone to retention, never a partial one.)
                     raise Insane(f"the message table lacks entries up to seq {last}")
+                if not self._msgtable_existed and self.commit.end > self.commit.start:
+                    # An older checkpoint (even an empty one, next_seq 1) is no help either: the
+                    # replay after it needs the entries that every append wrote.
+                    raise Insane("the message table is missing")
             except FileNotFoundError:
+                if path.name == "checkpoint" and ckpt.previous(path).exists():
+                    problems.append("checkpoint: missing")  # the recovery line says it fell back
                 continue
             except CorruptData as e:
                 problems.append(f"{path.name}: {type(e).__name__}: {e}")
@@ -443,12 +457,13 @@ class Store:
     # ---------------------------------------------------------------------------------- enqueue
     def read_records(self, pos: int, max_records: int) -> tuple[list[Record], int]:
         """enqueue-get: up to `max_records` records from `pos`, and the position after them."""
-        out = []
+        out: list[Record] = []
         for rec in self.commit.scan(pos, verify=False):
             out.append(rec)
-            pos = rec.offset + rec.size
             if len(out) >= max_records:
                 break
+        if out:
+            pos = out[-1].offset + out[-1].size
         return out, pos
 
     def index(self, records: list[Record], now_ms: int) -> int:
@@ -456,16 +471,23 @@ class Store:
         (returning fewer) when a unit would overwrite a wheel lap not yet dispatched."""
         entries: list[Entry] = []
         done = 0
-        for rec in records:
-            if rec.type == RecordType.MESSAGE or rec.type == RecordType.ROLL:
-                entry = self._entry_for(rec, now_ms)
-                if entry is BLOCKED:
-                    break
-                if isinstance(entry, Entry):
-                    entries.append(entry)
-            elif rec.type == RecordType.CANCEL:
-                self._on_cancel_record(rec)
-            done += 1
+        # The batch's message-table entries are read (and written back) a run at a time.
+        self.msgs.begin_batch([rec.seq for rec in records if rec.type != _GROUP])
+        try:
+            entry_for = self._entry_for
+            for rec in records:
+                rtype = rec.type
+                if rtype == _MESSAGE or rtype == _ROLL:
+                    entry = entry_for(rec, now_ms)
+                    if entry is BLOCKED:
+                        break
+                    if entry is not None:
+                        entries.append(entry)  # type: ignore[arg-type]
+                elif rtype == _CANCEL:
+                    self._on_cancel_record(rec)
+                done += 1
+        finally:
+            self.msgs.end_batch()
         if entries:
             self.timers.add(entries, now_ms)
         if done:
@@ -474,55 +496,62 @@ class Store:
         return done
 
     def _entry_for(self, rec: Record, now_ms: int) -> Entry | object | None:
-        """The unit to write for a message record; None to skip it, BLOCKED to stop the batch."""
-        st, off, size, roll = self.msgs.get(rec.seq)
-        th = self._topic_hash(rec.topic)
-        first = rec.type == RecordType.MESSAGE or self._full
+        """The unit to write for a message record; None to skip it, BLOCKED to stop the batch.
+        (Runs once per message: locals and plain ints on purpose.)"""
+        seq = rec.seq
+        msgs = self.msgs
+        st, off, size, roll = msgs.get(seq)
+        th = self._topic_hashes.get(rec.topic)
+        if th is None:
+            th = self._topic_hash(rec.topic)
+        is_message = rec.type == _MESSAGE
+        first = is_message or self._full
         if self._full:
-            if st != MessageState.SCHEDULED or off != rec.offset:
+            if st != _SCHEDULED or off != rec.offset:
                 return None
             self._count(rec.topic, "scheduled", 1)
-        elif rec.type == RecordType.MESSAGE:
-            if st == MessageState.CANCELLED:
-                self._set_flags(rec.seq, 0)  # never in the schedule (see module notes)
+        elif is_message:
+            if st == _CANCELLED:
+                msgs.set_flags(seq, 0)  # never in the schedule (see module notes)
                 return None
-            if st == MessageState.DELIVERED or off != rec.offset:
+            if st == _DELIVERED or off != rec.offset:
                 return None
         else:  # a roll copy: current only if the table points at it (or is about to)
-            if st != MessageState.SCHEDULED:
+            if st != _SCHEDULED:
                 return None
             if off != rec.offset:
                 if rec.roll_count < roll:
                     return None
-                self.msgs.set(rec.seq, MessageState.SCHEDULED, rec.offset, rec.size, rec.roll_count)
+                msgs.set(seq, _SCHEDULED, rec.offset, rec.size, rec.roll_count)
         d = self.load_time_ms
-        base = max(now_ms, d)  # never roll into a slot that is already behind the reader
-        window_end = base + self.cfg.roll_window_ms
-        if rec.deliver_at > window_end:
-            remain = rec.deliver_at - window_end
-            fire = base + (self.cfg.roll_window_ms // 2 if remain < self.cfg.roll_window_ms // 3
-                           else self.cfg.roll_window_ms)
-            magic = UnitMagic.ROLL
+        base = now_ms if now_ms > d else d  # never roll into a slot that is already behind the reader
+        window = self.cfg.roll_window_ms
+        deliver_at = rec.deliver_at
+        if deliver_at > base + window:
+            remain = deliver_at - base - window
+            fire = base + (window // 2 if remain < window // 3 else window)
+            magic = _ROLL_BIT
         else:
-            fire = rec.deliver_at
-            magic = UnitMagic.DEFAULT
-        fire = max(fire, d)
-        if not self.timers.safe_to_write(fire, self.read_time_ms):
+            fire = deliver_at
+            magic = _DEFAULT_BIT
+        if fire < d:
+            fire = d
+        if fire - self.timers.wheel.span_ms >= self.read_time_ms:  # not timers.safe_to_write()
             return BLOCKED
-        if magic == UnitMagic.ROLL:
+        if magic == _ROLL_BIT:
             if first:
-                self._far_add(rec.deliver_at, 1)
-            self._set_flags(rec.seq, FLAG_FAR)
+                self._far_add(deliver_at, 1)
+            msgs.set_flags(seq, FLAG_FAR)
         else:
             if not first:
-                self._far_add(rec.deliver_at, -1)
-            if rec.deliver_at >= d:
-                self.slot_counts[self._slot_index(rec.deliver_at)] += 1
-                self._set_flags(rec.seq, FLAG_SLOT)
+                self._far_add(deliver_at, -1)
+            if deliver_at >= d:
+                self.slot_counts[deliver_at // self.cfg.precision_ms % self._slot_count] += 1
+                msgs.set_flags(seq, FLAG_SLOT)
             else:
                 # Its slot was already loaded: the unit goes into the next slot (the durable path),
                 # and the message also goes straight to dequeue-put so it is not a slot late.
-                self._set_flags(rec.seq, 0)
+                msgs.set_flags(seq, 0)
                 self.late.append(Due(rec.deliver_at, rec.seq, rec.topic, rec.offset, rec.size,
                                      tag_hash(rec.tag), self.timers.wheel.slot_time(fire), rec.key))
         return Entry(fire, magic, rec.offset, rec.size, th, rec.seq)
@@ -551,13 +580,10 @@ class Store:
                                        rec.seq)], self.clock_ms())
 
     def _flags(self, seq: int) -> int:
-        seg, idx = divmod(seq, self.msgs.segment_entries)
-        raw = os.pread(self.msgs._fd(seg), 1, idx * 16 + 1)
-        return raw[0] if raw else 0
+        return self.msgs.flags(seq)
 
     def _set_flags(self, seq: int, flags: int) -> None:
-        seg, idx = divmod(seq, self.msgs.segment_entries)
-        os.pwrite(self.msgs._fd(seg), bytes((flags,)), idx * 16 + 1)
+        self.msgs.set_flags(seq, flags)
 
     def _far_add(self, deliver_at: int, n: int) -> None:
         h = deliver_at // HOUR_MS
@@ -571,8 +597,10 @@ class Store:
         return t // self.cfg.precision_ms % self.cfg.slot_count
 
     def _topic_hash(self, topic: str) -> int:
-        h = zlib.crc32(topic.encode())
-        self.topic_names.setdefault(h, topic)
+        h = self._topic_hashes.get(topic)
+        if h is None:
+            h = self._topic_hashes[topic] = zlib.crc32(topic.encode())
+            self.topic_names.setdefault(h, topic)
         return h
 
     def _count(self, topic: str, name: str, n: int) -> None:
@@ -699,19 +727,28 @@ class Store:
 
     # ---------------------------------------------------------------------------------- schedule
     def schedule(self, start: int, end: int, step: int) -> list[list[int]]:
-        """Pending messages per [t, t+step) bucket: exact per slot inside the wheel, per hour
-        beyond it (far messages are counted by the hour of their due time)."""
+        """Pending messages per [t, t+step) bucket: per slot inside the wheel, per hour beyond
+        it (far messages are counted by the hour of their due time). A slot or hour that
+        straddles `start` counts in the first bucket: nothing pending in range is left out."""
         n = (end - start + step - 1) // step
         buckets = [[start + i * step, 0] for i in range(n)]
-        p = self.cfg.precision_ms
+        p, count = self.cfg.precision_ms, self.cfg.slot_count
         lo = max(start, self.load_time_ms)
+        lo -= lo % p
         hi = min(end, self.load_time_ms + self.timers.wheel.span_ms)
-        t = lo - lo % p
-        while t < hi:
-            c = self.slot_counts[self._slot_index(t)]
-            if c and t >= start:
-                buckets[(t - start) // step][1] += c
-            t += p
+        if hi > lo:
+            first, slots = lo // p % count, (hi - lo + p - 1) // p
+            counts = self.slot_counts
+            # Two array slices cover the range (it may wrap); compress() finds the non-empty
+            # slots in C, so a wide range costs what its pending slots cost.
+            parts = [(0, first, min(count, first + slots))]
+            if first + slots > count:
+                parts.append((count - first, 0, first + slots - count))
+            for offset, a, b in parts:
+                chunk = counts[a:b]
+                for i in itertools.compress(range(len(chunk)), chunk):
+                    t = lo + (offset + i) * p
+                    buckets[(max(t, start) - start) // step][1] += chunk[i]
         for h, c in self.far_counts.items():
             t = max(h * HOUR_MS, start)
             if t < end and t < (h + 1) * HOUR_MS:

@@ -129,6 +129,21 @@ class TimerWheel:
             return empty_slot(st)
         return Slot(*raw)
 
+    def load(self, st: int) -> list[int]:
+        """[first_pos, last_pos, num, magic] of slot time `st` (a slot start), as a list to
+        update in place; another lap reads as empty ([-1, -1, 0, 0]), as in `get`."""
+        t, first, last, num, magic = SLOT.unpack_from(self._mm, HEADER.size + (st // self.precision_ms
+                                                                              % self.slot_count) * SLOT_SIZE)
+        if t != st or num <= 0:
+            return [-1, -1, 0, 0]
+        return [first, last, num, magic]
+
+    def put_many(self, slots: dict[int, list[int]]) -> None:
+        """put() of every {slot_time: [first_pos, last_pos, num, magic]} (slot starts)."""
+        mm, p, n, pack = self._mm, self.precision_ms, self.slot_count, SLOT.pack_into
+        for st, (first, last, num, magic) in slots.items():
+            pack(mm, HEADER.size + st // p % n * SLOT_SIZE, st, first, last, num, magic)
+
     def raw(self, t: int) -> Slot:
         """The slot bytes as stored, whatever lap they belong to."""
         return Slot(*SLOT.unpack_from(self._mm, self._at(self.slot_time(t))))

@@ -470,9 +470,6 @@ def test_restart_redelivers_only_unacked_messages_from_attempt_one(tmp_path, how
     daemon_log_clean(d)
 
 
-@pytest.mark.xfail(strict=True, reason="broker/service.py pull + broker/cli.py shutdown: SIGTERM waits for pending "
-                                       "long-polls (up to wait_ms / the 5 s runner timeout) and then drops them "
-                                       "without an answer (reported to the lead)")
 def test_sigterm_answers_pending_long_polls_and_stops_promptly(tmp_path) -> None:
     d = DaemonProcess(tmp_path / "data").start()
     try:

@@ -226,8 +226,6 @@ def test_schedule_counts_far_messages_by_the_hour(tmp_path) -> None:
         d.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="storage/store.py Store.schedule skips the slot that straddles `from` "
-                                       "when from is not a multiple of precision_ms (reported to the lead)")
 def test_schedule_from_not_aligned_to_the_timer_precision_loses_nothing(tmp_path) -> None:
     d = DaemonProcess(tmp_path / "data").start()
     try:
@@ -242,9 +240,6 @@ def test_schedule_from_not_aligned_to_the_timer_precision_loses_nothing(tmp_path
         d.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="storage/store.py Store.schedule walks every wheel slot in Python on the "
-                                       "event loop (~0.25 s for a 3-day range), so schedule polling holds back "
-                                       "releases (reported to the lead)")
 def test_schedule_queries_do_not_delay_deliveries(tmp_path) -> None:
     d = DaemonProcess(tmp_path / "data").start()
     try:

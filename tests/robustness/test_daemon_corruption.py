@@ -13,6 +13,7 @@ still read exactly once, never delivers a cancelled or acked one, and leaves a d
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -24,9 +25,9 @@ import pytest
 from storage.commitlog import Record, RecordType
 from storage.inspect import ReadOnlySegments, scan_records
 from tests.integration.wire import Api, call, now_ms
-from tests.support.daemon import ROOT, DaemonProcess, wait_until
+from tests.support.daemon import ROOT, DaemonProcess
 
-CONFIG = "precision_ms = 100\ncheckpoint_interval_ms = 200\nsegment_bytes = 16384\n"
+CONFIG = "precision_ms = 100\nroll_window_ms = 60000\ncheckpoint_interval_ms = 200\nsegment_bytes = 16384\n"
 TOPIC = "dmg"
 
 
@@ -122,14 +123,20 @@ def delete(*names: str):
     return fault
 
 
+# fault -> (inject, what the daemon log must say about it). A flipped byte in a record that was
+# indexed before the checkpoint is not rescanned at recovery (restart is checkpoint + bounded
+# rescan): it is found, named and dropped when its slot is dispatched.
 FAULTS = {
-    "flip-bytes": (flip_message_bytes, "damaged records"),
-    "truncate-tail": (truncate_tail, "bytes truncated"),
-    "no-timerwheel": (delete("timerwheel"), "wheel rebuilt"),
-    "no-checkpoint": (delete("checkpoint"), "checkpoint fell back"),
-    "no-checkpoints": (delete("checkpoint", "checkpoint.prev"), "checkpoint none"),
-    "no-msgtable": (delete("msgtable"), None),
-    "no-timerlog": (delete("timerlog"), None),
+    "flip-bytes": (flip_message_bytes, r"record at \d+ is unreadable \(ChecksumMismatch"),
+    "truncate-tail": (truncate_tail, r"recovery done .* [1-9]\d* bytes truncated"),
+    "no-timerwheel": (delete("timerwheel"), r"recovery done .*wheel rebuilt \(missing\)"),
+    "no-checkpoint": (delete("checkpoint"), r"recovery done .*checkpoint fell back to checkpoint.prev"),
+    "no-checkpoints": (delete("checkpoint", "checkpoint.prev"), r"recovery done .*checkpoint none"),
+    # Not a fault: the previous checkpoint is only a fallback (a directory with one checkpoint
+    # has none), so `delayd check` passes and recovery uses the current one.
+    "no-checkpoint-prev": (delete("checkpoint.prev"), r"recovery done .*checkpoint ok"),
+    "no-msgtable": (delete("msgtable"), r"recovery done .*message table (lacks entries|is missing).*full rescan"),
+    "no-timerlog": (delete("timerlog"), r"recovery done .*TimerLog of \d+ bytes, found 0"),
 }
 
 
@@ -144,42 +151,50 @@ def test_fault_then_restart(built, tmp_path, fault):
     readable = {f"d-{r.seq:x}" for r in intact if r.type == RecordType.MESSAGE} & built.pending
     cancelled = {f"d-{r.seq:x}" for r in intact if r.type == RecordType.CANCEL}
     lost = built.pending - readable
+    # A torn tail holds a write that was never answered: its effect may go either way.
+    torn = built.cancelled - cancelled if fault == "truncate-tail" else set()
     if fault in ("flip-bytes", "truncate-tail"):
-        assert lost or cancelled != built.cancelled, "the fault destroyed nothing"
+        assert lost or torn, "the fault destroyed nothing"
     else:
         assert not lost and cancelled == built.cancelled
     report = delayd_check(data)
-    assert report.returncode == 1, f"`delayd check` did not notice {fault}:\n{report.stdout}{report.stderr}"
-    assert "PROBLEM" in report.stdout
+    if fault == "no-checkpoint-prev":
+        assert report.returncode == 0, report.stdout + report.stderr
+    else:
+        assert report.returncode == 1, f"`delayd check` did not notice {fault}:\n{report.stdout}{report.stderr}"
+        assert "PROBLEM" in report.stdout
 
     d = DaemonProcess(data, config_text=CONFIG).start()
     try:
-        lines = [ln for ln in d.log_path.read_text().splitlines() if "recovery done" in ln]
-        assert lines, d.log_tail()
-        if says is not None:
-            assert says in lines[-1], f"the recovery line does not say what it repaired:\n{lines[-1]}"
+        assert "recovery done" in d.log_path.read_text(), d.log_tail()
         api = Api(d)
-        want = readable - cancelled
+        want = readable - cancelled - torn
         got = api.pull_until(TOPIC, "g", len(want), timeout_s=30, ack=True, max=1000)
+        got += api.pull(TOPIC, "g", wait_ms=500)  # nothing more: no duplicate, acked or cancelled one
         ids = [m["id"] for m in got]
         assert len(ids) == len(set(ids)), "delivered twice"
-        assert set(ids) == want, (f"missing {len(want - set(ids))}, unexpected "
-                                  f"{sorted(set(ids) - want, key=seq_of)[:10]}")
+        assert want <= set(ids) <= want | torn, (f"missing {len(want - set(ids))}, unexpected "
+                                                 f"{sorted(set(ids) - want, key=seq_of)[:10]}")
+        log_text = d.log_path.read_text()
+        assert re.search(says, log_text), f"the log does not say what was repaired:\n{d.log_tail(8)}"
         for m in got:
             assert m["body"] == built.bodies[m["id"]], "served a corrupt body"
             assert m["delivered_at"] >= m["deliver_at"]
-        assert api.pull(TOPIC, "g", wait_ms=500) == [], "acked or cancelled messages came back"
         for mid in sorted(cancelled, key=seq_of)[:5]:
             assert api.state(mid) == "cancelled"
         for mid in lost:
             r = call(d, "GET", f"/v1/messages/{mid}")
             assert r.status == 404 or r.body.get("body") == built.bodies[mid], r.raw[:200]
-        wait_until(lambda: api.stats()["scheduled"] == 0, 10, what="nothing left scheduled")
-        assert "unexpected failure" not in d.log_path.read_text()
+        assert "unexpected failure" not in log_text and "fatal" not in log_text, d.log_tail()
     finally:
         assert d.stop() == 0
     after = delayd_check(data)
-    assert after.returncode == 0, f"still damaged after recovery and a clean stop:\n{after.stdout}"
+    if fault == "flip-bytes":
+        # The damaged record stays where it is (mid-segment) until retention deletes the segment.
+        problems = [ln for ln in after.stdout.splitlines() if "PROBLEM" in ln]
+        assert len(problems) == 1 and "damaged record" in problems[0], after.stdout
+    else:
+        assert after.returncode == 0, f"still damaged after recovery and a clean stop:\n{after.stdout}"
 
 
 def test_clean_directory_checks_clean(built):

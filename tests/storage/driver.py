@@ -121,12 +121,12 @@ class Driver:
 def no_fsync() -> Iterator[None]:
     """fsync as a no-op. What these tests check survives a process crash through the page cache
     alone; power loss is not simulated, and thousands of fsyncs would only make them slow."""
-    real = os.fsync
-    os.fsync = lambda fd: None
+    real = os.fsync, os.fdatasync
+    os.fsync = os.fdatasync = lambda fd: None
     try:
         yield
     finally:
-        os.fsync = real
+        os.fsync, os.fdatasync = real
 
 
 def open_store(d: Path, clock: list[int], cfg: StoreConfig = SMALL) -> Store:
@@ -155,7 +155,7 @@ def drain(drv: Driver, until: int, tick: int = 9) -> None:
 
 
 def child(data_dir: Path, seed: int) -> None:
-    os.fsync = lambda fd: None  # see no_fsync(): a SIGKILL leaves the page cache intact
+    os.fsync = os.fdatasync = lambda fd: None  # see no_fsync(): a SIGKILL leaves the page cache intact
     rng = random.Random(seed)
     clock = [1_000_000]
     s = open_store(data_dir, clock)
