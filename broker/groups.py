@@ -58,6 +58,7 @@ class Group:
     max_attempts: int
     floor: int
     cursor: int
+    start: str = "earliest"
     done: set[int] = field(default_factory=set)
     leases: dict[int, Lease] = field(default_factory=dict)
     retry: list[tuple[int, int]] = field(default_factory=list)
@@ -73,11 +74,10 @@ class Group:
         return f"{self.topic}/{self.name}"
 
     def settings(self) -> dict[str, Any]:
-        return {"topic": self.topic, "group": self.name, "max_attempts": self.max_attempts,
-                "floor": self.floor, "cursor": self.cursor}
+        return {"topic": self.topic, "group": self.name, "start": self.start, "max_attempts": self.max_attempts}
 
     def snapshot(self) -> dict[str, Any]:
-        return {"max_attempts": self.max_attempts, "floor": self.floor, "done": sorted(self.done),
+        return {"max_attempts": self.max_attempts, "start": self.start, "floor": self.floor, "done": sorted(self.done),
                 "dead": {i: [d.seq, d.attempt, d.reason] for i, d in self.dead.items()},
                 "revived": sorted(self.revived)}
 
@@ -130,7 +130,8 @@ class Groups:
     def restore(self, snapshot: dict[str, Any], events: list[tuple[str, str, dict]]) -> None:
         for key, s in snapshot.items():
             topic, _, name = key.partition("/")
-            g = Group(topic, name, s["max_attempts"], s["floor"], s["floor"], set(s["done"]))
+            g = Group(topic, name, s["max_attempts"], s["floor"], s["floor"], s.get("start", "earliest"),
+                      set(s["done"]))
             g.dead = {int(i): Dead(*d) for i, d in s.get("dead", {}).items()}
             g.revived = set(s.get("revived", ()))
             self.groups[key] = g
@@ -147,7 +148,8 @@ class Groups:
         g = self.groups.get(key)
         if op == "create":
             if g is None:
-                self.groups[key] = Group(topic, name, ev["max_attempts"], ev["start"], ev["start"])
+                self.groups[key] = Group(topic, name, ev["max_attempts"], ev["start"], ev["start"],
+                                         ev.get("mode", "earliest"))
             else:
                 g.max_attempts = ev["max_attempts"]
             return
@@ -177,12 +179,14 @@ class Groups:
         if g is None:
             q = self.store.queue(topic)
             first = q.start if start == "earliest" else q.end
-            g = Group(topic, name, max_attempts or self.default_max_attempts, first, first)
+            g = Group(topic, name, max_attempts or self.default_max_attempts, first, first, start)
             self.groups[key] = g
-            self.log_event(topic, name, {"op": "create", "start": first, "max_attempts": g.max_attempts})
+            self.log_event(topic, name, {"op": "create", "start": first, "mode": start,
+                                         "max_attempts": g.max_attempts})
         elif max_attempts is not None and max_attempts != g.max_attempts:
             g.max_attempts = max_attempts
-            self.log_event(topic, name, {"op": "create", "start": g.floor, "max_attempts": max_attempts})
+            self.log_event(topic, name, {"op": "create", "start": g.floor, "mode": g.start,
+                                         "max_attempts": max_attempts})
         return g
 
     def event(self, topic: str) -> asyncio.Event:
@@ -327,6 +331,13 @@ class Groups:
         if n:
             self.notify(g.topic)
         return n, stale
+
+    def dead_letter(self, g: Group, index: int, seq: int, attempt: int, reason: str) -> None:
+        g.leases.pop(index, None)
+        g.dead[index] = Dead(seq, attempt, reason)
+        g.mark_done(index)
+        g.dead_total += 1
+        self.log_event(g.topic, g.name, {"op": "dead", "items": [[index, seq, attempt, reason]]})
 
     def extend(self, g: Group, receipts: list[str], lease_ms: int) -> tuple[int, list[str]]:
         now = self.now_ms()

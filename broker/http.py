@@ -212,7 +212,7 @@ async def subscribe(request: web.Request) -> web.Response:
         raise errors.InvalidParameter("start must be 'earliest' or 'latest'")
     max_attempts = codec.int_field(body, "max_attempts", None, 1, 1000)
     g = request.app[BROKER].group(topic, name, start, max_attempts)
-    return reply(request, {"topic": topic, "group": name, "max_attempts": g.max_attempts})
+    return reply(request, g.settings())
 
 
 async def pull(request: web.Request) -> web.Response:
@@ -224,7 +224,9 @@ async def pull(request: web.Request) -> web.Response:
     lease_ms = codec.int_field(body, "lease_ms", 30_000, 1000, 12 * 3_600_000)
     tags = codec.str_list(body, "tags", required=False, max_items=1000)
     broker = request.app[BROKER]
-    got = await broker.pull(topic, name, max_n or 100, wait_ms or 0, lease_ms or 30_000, tags)
+    def gone() -> bool:
+        return request.transport is None or request.transport.is_closing()
+    got = await broker.pull(topic, name, max_n or 100, wait_ms or 0, lease_ms or 30_000, tags, gone)
     fmt = fmt_of(request)
     out = []
     for d, rec in got:

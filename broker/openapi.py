@@ -44,7 +44,7 @@ DEAD = obj(["id", "attempt", "reason"], {**VIEW_PROPS, "produced_at": INT, "atte
 RECEIPT_LIST = {"type": "array", "items": STR, "maxItems": 10000}
 DURATION = {"type": "integer", "minimum": 0, "maximum": 12 * 3_600_000}
 LEASE = {"type": "integer", "minimum": 1000, "maximum": 12 * 3_600_000}
-SETTINGS = obj(["topic", "group", "max_attempts"], {"topic": STR, "group": STR, "max_attempts": INT})
+SETTINGS = obj(["topic", "group", "start", "max_attempts"], {"topic": STR, "group": STR, "start": {"enum": ["earliest", "latest"]}, "max_attempts": INT})
 STATS = obj(["scheduled", "produced_total", "delivered_total", "cancelled_total", "lateness_ms", "topics",
              "groups", "pipeline", "disk_bytes"], {
     "node_id": STR, "scheduled": INT, "produced_total": INT, "delivered_total": INT, "cancelled_total": INT,

@@ -11,6 +11,7 @@ import logging
 import re
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -284,11 +285,16 @@ class Broker:
         return self.groups.get_or_create(topic, name, start, max_attempts)
 
     async def pull(self, topic: str, name: str, max_n: int, wait_ms: int, lease_ms: int,
-                   tags: list[str] | None) -> list[tuple[Delivery, Record]]:
+                   tags: list[str] | None, gone: Callable[[], bool] = lambda: False,
+                   ) -> list[tuple[Delivery, Record]]:
+        """Lease up to `max_n` due messages, waiting up to `wait_ms` for the first. `gone`
+        says the client hung up: then nothing is leased (it would sit out its lease)."""
         g = self.group(topic, name)
         assert self.groups is not None
         deadline = self.clock.monotonic() + wait_ms / 1000
         while True:
+            if gone():
+                return []
             got = self.groups.take(g, max_n, lease_ms, tags)
             left = deadline - self.clock.monotonic()
             if got or left <= 0 or self._stopping:
@@ -308,8 +314,7 @@ class Broker:
                 out.append((d, self.store.read_record(d.unit.commit_offset, d.unit.commit_size)))  # type: ignore[union-attr]
             except StorageError as e:
                 log.error("ready message %d unreadable (%s); dead-lettering it", d.unit.seq, e)
-                g.leases.pop(d.unit.index, None)
-                g.mark_done(d.unit.index)
+                self.groups.dead_letter(g, d.unit.index, d.unit.seq, d.attempt, "unreadable")
         return out
 
     async def settle(self, op: str, topic: str, name: str, receipts: list[str],

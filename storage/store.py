@@ -471,12 +471,34 @@ class Store:
         (returning fewer) when a unit would overwrite a wheel lap not yet dispatched."""
         entries: list[Entry] = []
         done = 0
+        msgs = self.msgs
         # The batch's message-table entries are read (and written back) a run at a time.
-        self.msgs.begin_batch([rec.seq for rec in records if rec.type != _GROUP])
+        msgs.begin_batch([rec.seq for rec in records if rec.type != _GROUP])
         try:
-            entry_for = self._entry_for
+            entry_for, get, set_flags, hashes = self._entry_for, msgs.get, msgs.set_flags, self._topic_hashes
+            # Fixed for the whole batch (nothing below moves them): hoisted for the fast path.
+            d = self.load_time_ms
+            window_end = max(now_ms, d) + self.cfg.roll_window_ms
+            unsafe_from = self.read_time_ms + self.timers.wheel.span_ms  # fire >= this: BLOCKED
+            precision, nslots, counts = self.cfg.precision_ms, self._slot_count, self.slot_counts
+            fast = not self._full
             for rec in records:
                 rtype = rec.type
+                if fast and rtype == _MESSAGE:
+                    # The common case, exactly as _entry_for decides it: a scheduled message due
+                    # inside the window, in a slot not loaded yet. Anything else goes the long way.
+                    deliver_at = rec.deliver_at
+                    if d <= deliver_at <= window_end and deliver_at < unsafe_from:
+                        st, off, _size, _roll = get(rec.seq)
+                        if st == _SCHEDULED and off == rec.offset:
+                            th = hashes.get(rec.topic)
+                            if th is None:
+                                th = self._topic_hash(rec.topic)
+                            counts[deliver_at // precision % nslots] += 1
+                            set_flags(rec.seq, FLAG_SLOT)
+                            entries.append(Entry(deliver_at, _DEFAULT_BIT, off, rec.size, th, rec.seq))
+                            done += 1
+                            continue
                 if rtype == _MESSAGE or rtype == _ROLL:
                     entry = entry_for(rec, now_ms)
                     if entry is BLOCKED:

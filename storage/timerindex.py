@@ -14,7 +14,10 @@ from typing import NamedTuple
 
 from storage.errors import Insane
 from storage.timerlog import NO_POS, UNIT, UNIT_SIZE, TimerLog, Unit, UnitMagic
-from storage.timerwheel import TimerWheel
+from storage.timerwheel import HEADER as WHEEL_HEADER
+from storage.timerwheel import SLOT, SLOT_SIZE, TimerWheel
+
+WHEEL_HEADER_SIZE = WHEEL_HEADER.size
 
 
 class Entry(NamedTuple):
@@ -50,7 +53,9 @@ class TimerIndex:
 
     def _add_chunk(self, entries: list[Entry], now_ms: int) -> None:
         wheel = self.wheel
-        precision, load, pack = wheel.precision_ms, wheel.load, UNIT.pack  # locals: once per message
+        # Locals and TimerWheel.load() inlined: this loop runs once per message.
+        precision, nslots, mm, pack, unpack_slot = wheel.precision_ms, wheel.slot_count, wheel.buffer, UNIT.pack, \
+            SLOT.unpack_from
         slots: dict[int, list[int]] = {}  # slot_time -> [first, last, num, magic]
         parts = []
         pos = self.log.end
@@ -58,7 +63,8 @@ class TimerIndex:
             st = fire - fire % precision
             s = slots.get(st)
             if s is None:
-                s = slots[st] = load(st)
+                t, first, last, num, smagic = unpack_slot(mm, WHEEL_HEADER_SIZE + st // precision % nslots * SLOT_SIZE)
+                s = slots[st] = [first, last, num, smagic] if t == st and num > 0 else [-1, -1, 0, 0]
             # pack_unit(), inlined: this runs once per message.
             parts.append(pack(UNIT_SIZE, s[1], magic, now_ms, fire - now_ms, offset, size, topic_hash, seq))
             if s[2] == 0:

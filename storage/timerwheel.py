@@ -129,6 +129,11 @@ class TimerWheel:
             return empty_slot(st)
         return Slot(*raw)
 
+    @property
+    def buffer(self) -> mmap.mmap:
+        """The mapped file, header included (for TimerIndex's per-message loop)."""
+        return self._mm
+
     def load(self, st: int) -> list[int]:
         """[first_pos, last_pos, num, magic] of slot time `st` (a slot start), as a list to
         update in place; another lap reads as empty ([-1, -1, 0, 0]), as in `get`."""

@@ -55,7 +55,7 @@ def receipts(msgs: list[dict]) -> list[str]:
 # -- subscriptions ----------------------------------------------------------------------------
 def test_subscription_put_returns_settings_and_updates_max_attempts(api: Api, topic: str) -> None:
     assert api.subscribe(topic, "g", start="earliest", max_attempts=5) == \
-        {"topic": topic, "group": "g", "max_attempts": 5}
+        {"topic": topic, "group": "g", "start": "earliest", "max_attempts": 5}
     assert api.subscribe(topic, "g", max_attempts=7)["max_attempts"] == 7
     assert api.subscribe(topic, "g")["max_attempts"] == 7, "an empty PUT keeps the settings"
     assert api.subscribe(topic, "fresh")["max_attempts"] == 16, "API.md default"

@@ -1,0 +1,398 @@
+"""kill -9 torture: the real daemon, killed at random moments under concurrent produce (delays
+0-1.5 s), cancel, pull, ack and nack, restarted, and checked after every restart.
+
+Cycles: DELAYD_TORTURE_CYCLES (default 20, about a minute; `make torture` runs 500). The seed is
+DELAYD_TORTURE_SEED; thread timing still varies from run to run, so a failure message carries
+the cycle, the message id and the daemon log.
+
+What is checked (DESIGN.md guarantees 1-4), with what each answer proves:
+- produce answered 200: that message is delivered eventually, or was cancelled by a cancel
+  answered 200 (a cancel whose answer was lost to the crash may have gone either way);
+- cancel answered 200: never delivered, not before and not after any number of crashes;
+- nothing early: delivered_at >= deliver_at, and it did not arrive before deliver_at by the
+  test's own wall clock either;
+- ack answered 200 (and the receipt not stale): never delivered again;
+- no duplicates from the timer side: within one daemon incarnation a message comes again only
+  with attempt + 1, after its lease expired or it was nacked; across a crash only if its ack was
+  not confirmed; the first delivery in an incarnation is attempt 1;
+- nothing corrupt: every delivered body and deliver_at is the one produced under that id, and
+  every delivered message was sent by the test (a produce whose answer was lost may land);
+- at the end: every counted message is accounted for (produced = delivered + cancelled, nothing
+  scheduled, no backlog, no dead letters) and a graceful stop exits 0.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from tests.support.daemon import DaemonProcess, wait_until
+
+CYCLES = int(os.environ.get("DELAYD_TORTURE_CYCLES", "20"))
+SEED = int(os.environ.get("DELAYD_TORTURE_SEED", "20261122"))
+TOPIC, GROUP = "torture", "g"
+LEASE_MS = 1000  # the API's minimum: expiries happen within a cycle
+MAX_DELAY_MS = 1500
+CLOCK_SLACK_MS = 20  # the daemon's clock is the wall clock read at start, advanced monotonically
+
+
+def wall_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Conn:
+    """One keep-alive HTTP/1.1 connection per thread; any transport error is raised."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.c: http.client.HTTPConnection | None = None
+
+    def call(self, method: str, path: str, body: Any = None, timeout_s: float = 5.0) -> tuple[int, Any]:
+        if self.c is None:
+            self.c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout_s)
+        try:
+            data = None if body is None else json.dumps(body).encode()
+            self.c.request(method, path, body=data, headers={"Content-Type": "application/json"})
+            r = self.c.getresponse()
+            raw = r.read()
+            return r.status, (json.loads(raw) if raw else None)
+        except Exception:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if self.c is not None:
+            self.c.close()
+            self.c = None
+
+
+@dataclass
+class Delivery:
+    id: str
+    receipt: str
+    attempt: int
+    body: str
+    deliver_at: int
+    delivered_at: int
+    inc: int  # daemon incarnation it came from
+    t_req: float  # monotonic, pull sent
+    t_resp: float  # monotonic, pull answered
+    wall_resp: int
+
+
+@dataclass
+class Ledger:
+    """What the test knows for sure, from answers it received. Guarded by `lock`."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    produced: dict[str, tuple[int, str, int]] = field(default_factory=dict)  # id -> deliver_at, body, cycle
+    sent_bodies: set[str] = field(default_factory=set)  # every body ever sent (answered or not)
+    cancelled: dict[str, float] = field(default_factory=dict)  # cancel answered 200
+    cancel_409: set[str] = field(default_factory=set)
+    cancel_unknown: set[str] = field(default_factory=set)  # cancel sent, answer lost
+    acked: dict[str, float] = field(default_factory=dict)  # id -> monotonic time the ack was confirmed
+    ack_unknown: set[str] = field(default_factory=set)
+    nacked: dict[str, float] = field(default_factory=dict)  # receipt -> monotonic time the nack was sent
+    deliveries: list[Delivery] = field(default_factory=list)
+    delivered_ids: set[str] = field(default_factory=set)
+    violations: list[str] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=lambda: {"produce_lost": 0, "pull_lost": 0, "nacks": 0,
+                                                            "drops": 0, "refused": 0})
+
+    def violation(self, text: str) -> None:
+        with self.lock:
+            if len(self.violations) < 50:
+                self.violations.append(text)
+
+
+class Load:
+    """The threads of one cycle. `final` turns it into drain mode: consumers only, ack all."""
+
+    def __init__(self, d: DaemonProcess, led: Ledger, cycle: int, inc: int, final: bool = False) -> None:
+        self.d, self.led, self.cycle, self.inc, self.final = d, led, cycle, inc, final
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self.consumer, args=(i,), daemon=True) for i in range(2)]
+        if not final:
+            self.threads += [threading.Thread(target=self.producer, daemon=True),
+                             threading.Thread(target=self.canceller, daemon=True)]
+
+    def __enter__(self) -> Load:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(15)
+            assert not t.is_alive(), "a load thread hung"
+
+    def rng(self, role: int) -> random.Random:
+        return random.Random(SEED * 1_000_003 + self.cycle * 101 + role)
+
+    # -- producer ----------------------------------------------------------------------------
+    def producer(self) -> None:
+        rng, conn, led, n = self.rng(1), Conn(self.d.port), self.led, 0
+        while not self.stop.is_set():
+            msgs = []
+            for _ in range(rng.randint(1, 10)):
+                body = f"c{self.cycle}-{n}"
+                n += 1
+                if rng.random() < 0.1:
+                    msgs.append({"body": body, "deliver_at": wall_ms() + rng.randint(-200, MAX_DELAY_MS)})
+                else:
+                    msgs.append({"body": body, "delay_ms": 0 if rng.random() < 0.3 else rng.randint(0, MAX_DELAY_MS)})
+            with led.lock:
+                led.sent_bodies.update(m["body"] for m in msgs)
+            try:
+                status, res = conn.call("POST", f"/v1/topics/{TOPIC}/messages", {"messages": msgs})
+            except (OSError, http.client.HTTPException, ValueError):
+                with led.lock:
+                    led.counts["produce_lost"] += len(msgs)
+                return  # the daemon is gone
+            if status == 200:
+                with led.lock:
+                    for m, r in zip(msgs, res["messages"], strict=True):
+                        led.produced[r["id"]] = (r["deliver_at"], m["body"], self.cycle)
+            elif status in (429, 503):
+                with led.lock:
+                    led.counts["refused"] += 1
+            else:
+                led.violation(f"cycle {self.cycle}: produce answered {status} {res}")
+            self.stop.wait(0.002)  # pace: a few hundred produce requests per cycle
+
+    # -- canceller ---------------------------------------------------------------------------
+    def canceller(self) -> None:
+        rng, conn, led = self.rng(2), Conn(self.d.port), self.led
+        while not self.stop.wait(0.01):
+            with led.lock:
+                if not led.produced:
+                    continue
+                recent = list(led.produced)[-200:]
+            mid = rng.choice(recent)
+            try:
+                status, res = conn.call("DELETE", f"/v1/messages/{mid}")
+            except (OSError, http.client.HTTPException, ValueError):
+                with led.lock:
+                    led.cancel_unknown.add(mid)
+                return
+            with led.lock:
+                if status == 200:
+                    led.cancelled[mid] = time.monotonic()
+                elif status == 409:
+                    led.cancel_409.add(mid)
+                else:
+                    led.violations.append(f"cycle {self.cycle}: cancel of {mid} (produce answered 200) "
+                                          f"answered {status} {res}")
+
+    # -- consumers ---------------------------------------------------------------------------
+    def consumer(self, i: int) -> None:
+        rng, conn, led = self.rng(10 + i), Conn(self.d.port), self.led
+        base = f"/v1/topics/{TOPIC}/subscriptions/{GROUP}"
+        while not self.stop.is_set():
+            t_req = time.monotonic()
+            try:
+                status, res = conn.call("POST", base + "/pull", {"max": 100, "wait_ms": 200, "lease_ms": LEASE_MS})
+            except (OSError, http.client.HTTPException, ValueError):
+                with led.lock:
+                    led.counts["pull_lost"] += 1
+                return
+            t_resp, wall = time.monotonic(), wall_ms()
+            if status != 200:
+                led.violation(f"cycle {self.cycle}: pull answered {status} {res}")
+                return
+            got = [Delivery(m["id"], m["receipt"], m["attempt"], m["body"], m["deliver_at"], m["delivered_at"],
+                            self.inc, t_req, t_resp, wall) for m in res["messages"]]
+            if not got:
+                continue
+            with led.lock:
+                led.deliveries.extend(got)
+                led.delivered_ids.update(g.id for g in got)
+            ack, nack = [], []
+            for g in got:
+                x = 0.0 if self.final else rng.random()
+                if x < 0.85:
+                    ack.append(g)
+                elif x < 0.95:
+                    nack.append(g)
+                else:
+                    with led.lock:
+                        led.counts["drops"] += 1  # its lease expires and it comes back
+            if not (self.settle(conn, base, "ack", ack) and self.settle(conn, base, "nack", nack, rng)):
+                return
+
+    def settle(self, conn: Conn, base: str, op: str, ds: list[Delivery], rng: random.Random | None = None) -> bool:
+        if not ds:
+            return True
+        led = self.led
+        body: dict[str, Any] = {"receipts": [g.receipt for g in ds]}
+        if op == "nack":
+            assert rng is not None
+            body["delay_ms"] = rng.randint(0, 300)
+        t_sent = time.monotonic()
+        try:
+            status, res = conn.call("POST", f"{base}/{op}", body)
+        except (OSError, http.client.HTTPException, ValueError):
+            if op == "ack":
+                with led.lock:
+                    led.ack_unknown.update(g.id for g in ds)
+            return False
+        if status != 200:
+            led.violation(f"cycle {self.cycle}: {op} answered {status} {res}")
+            return False
+        stale = set(res["stale"])
+        with led.lock:
+            for g in ds:
+                if g.receipt in stale:
+                    continue
+                if op == "ack":
+                    led.acked.setdefault(g.id, time.monotonic())
+                else:
+                    led.nacked[g.receipt] = t_sent
+                    led.counts["nacks"] += 1
+        return True
+
+
+class Checker:
+    """Checks every delivery once, after the cycle's threads have stopped (so every answer
+    that arrived is in the ledger)."""
+
+    def __init__(self, led: Ledger) -> None:
+        self.led = led
+        self.done = 0
+        self.last: dict[str, Delivery] = {}
+        self.bodies: dict[str, str] = {}  # id -> body, for ids whose produce answer was lost
+        self.redeliveries = 0
+
+    def run(self, cycle: int) -> list[str]:
+        led = self.led
+        bad: list[str] = []
+        new = led.deliveries[self.done:]
+        self.done = len(led.deliveries)
+        for g in sorted(new, key=lambda x: x.t_resp):
+            where = f"cycle {cycle}: {g.id} (attempt {g.attempt}, incarnation {g.inc})"
+            known = led.produced.get(g.id)
+            if known is not None:
+                if (g.deliver_at, g.body) != known[:2]:
+                    bad.append(f"{where}: served ({g.deliver_at}, {g.body!r}), produced {known[:2]}")
+            elif g.body not in led.sent_bodies or self.bodies.setdefault(g.id, g.body) != g.body:
+                bad.append(f"{where}: body {g.body!r} was never sent under this id")
+            if g.delivered_at < g.deliver_at:
+                bad.append(f"{where}: early, delivered_at {g.delivered_at} < deliver_at {g.deliver_at}")
+            if g.wall_resp < g.deliver_at - CLOCK_SLACK_MS:
+                bad.append(f"{where}: arrived {g.deliver_at - g.wall_resp} ms before deliver_at")
+            if g.id in led.cancelled:
+                bad.append(f"{where}: delivered although its cancel was answered 200")
+            if g.id in led.acked and g.t_req > led.acked[g.id]:
+                bad.append(f"{where}: delivered again after its ack was confirmed")
+            prev = self.last.get(g.id)
+            if prev is not None:
+                self.redeliveries += 1
+            if prev is not None and prev.inc == g.inc:
+                nacked = led.nacked.get(prev.receipt)
+                expired = g.t_resp - prev.t_req >= (LEASE_MS - CLOCK_SLACK_MS) / 1000
+                if g.attempt != prev.attempt + 1:
+                    bad.append(f"{where}: attempt after attempt {prev.attempt} in the same incarnation "
+                               f"(a second copy from the timer side?)")
+                elif not expired and (nacked is None or nacked > g.t_resp):
+                    bad.append(f"{where}: redelivered {1000 * (g.t_resp - prev.t_req):.0f} ms after "
+                               f"attempt {prev.attempt}, neither nacked nor lease-expired")
+            elif g.attempt != 1:
+                bad.append(f"{where}: first delivery of this incarnation has attempt {g.attempt}")
+            self.last[g.id] = g
+        with led.lock:
+            for mid in led.cancelled:
+                if mid in led.delivered_ids and mid not in {x for x in self.last if x == mid}:
+                    bad.append(f"cycle {cycle}: {mid} cancelled (200) after it was delivered")
+            bad += led.violations
+            led.violations.clear()
+        return bad
+
+    def owed(self, before_cycle: int) -> set[str]:
+        """Produced (answered) in an earlier cycle, not cancelled (or maybe cancelled), never delivered."""
+        led = self.led
+        with led.lock:
+            return {mid for mid, (_at, _b, c) in led.produced.items() if c < before_cycle} \
+                - led.delivered_ids - set(led.cancelled) - led.cancel_unknown
+
+
+def fail(d: DaemonProcess, bad: list[str], stats: str) -> None:
+    raise AssertionError(f"{len(bad)} violation(s), seed {SEED}:\n  " + "\n  ".join(bad[:20])
+                         + f"\n{stats}\n--- daemon log ---\n{d.log_tail(40)}")
+
+
+@pytest.mark.torture
+@pytest.mark.slow
+@pytest.mark.timeout(max(120, CYCLES * 10 + 90))
+def test_kill9_torture(tmp_path):
+    t0 = time.monotonic()
+    d = DaemonProcess(tmp_path / "data", config_text="checkpoint_interval_ms = 300\n")
+    led = Ledger()
+    chk = Checker(led)
+    rng = random.Random(SEED)
+    inc = 0
+    for cycle in range(CYCLES):
+        d.start()
+        inc += 1
+        with Load(d, led, cycle, inc):
+            # Everything owed from before the crash comes (the consumers are pulling meanwhile).
+            try:
+                wait_until(lambda c=cycle: not chk.owed(c), 20, 0.02, "earlier messages to be delivered")
+            except TimeoutError:
+                missing = sorted(chk.owed(cycle))
+                fail(d, [f"cycle {cycle}: {len(missing)} produced messages never delivered, e.g. {missing[:5]}"],
+                     "")
+            # Then kill it at a random moment, in the middle of everything.
+            time.sleep(rng.uniform(0.1, 0.9))
+            d.kill9()
+        bad = chk.run(cycle)
+        if bad:
+            fail(d, bad, "")
+        recoveries = d.log_path.read_text(errors="replace").count("recovery done")
+        assert recoveries == cycle + 1, f"cycle {cycle}: {recoveries} recovery lines"
+
+    # Final incarnation: no new load, consumers ack everything; all must be accounted for.
+    d.start()
+    inc += 1
+    with Load(d, led, CYCLES, inc, final=True):
+        def settled() -> bool:
+            with led.lock:
+                owed = set(led.produced) - set(led.cancelled) - led.cancel_unknown - set(led.acked)
+            if owed:
+                return False
+            status, stats = d.request("GET", "/v1/stats")
+            g = stats["groups"].get(f"{TOPIC}/{GROUP}", {})
+            return stats["scheduled"] == 0 and g.get("backlog", 1) == 0 and g.get("inflight", 1) == 0
+        try:
+            wait_until(settled, 60, 0.05, "every message acked and nothing left")
+        except TimeoutError:
+            with led.lock:
+                owed = set(led.produced) - set(led.cancelled) - led.cancel_unknown - set(led.acked)
+            fail(d, [f"final: {len(owed)} produced messages never acked, e.g. {sorted(owed)[:5]}"],
+                 json.dumps(d.request("GET", "/v1/stats")[1])[:2000])
+    bad = chk.run(CYCLES)
+    status, stats = d.request("GET", "/v1/stats")
+    t = stats["topics"][TOPIC]
+    if t["produced_total"] != t["delivered_total"] + t["cancelled_total"] or stats["groups"][f"{TOPIC}/{GROUP}"]["dead"]:
+        bad.append(f"final: counters do not add up (a duplicate release?): {t}, groups {stats['groups']}")
+    with led.lock:
+        lost_cancels = set(led.cancelled) & led.delivered_ids
+        if lost_cancels:
+            bad.append(f"final: cancelled (200) and delivered: {sorted(lost_cancels)[:5]}")
+    if bad:
+        fail(d, bad, json.dumps(stats)[:2000])
+    assert d.stop() == 0, d.log_tail()
+    assert "fatal" not in d.log_path.read_text(errors="replace")
+    print(f"\ntorture: {CYCLES} kill -9 cycles in {time.monotonic() - t0:.1f}s; {len(led.produced)} produces "
+          f"answered ({led.counts['produce_lost']} lost to crashes), {len(led.cancelled)} cancels answered 200, "
+          f"{len(led.cancel_409)} answered 409, {len(led.cancel_unknown)} unknown; {len(led.deliveries)} deliveries "
+          f"({chk.redeliveries} redeliveries), {len(led.acked)} acks confirmed, {led.counts['nacks']} nacks, "
+          f"{led.counts['drops']} leases left to expire; counters {t}")
