@@ -29,6 +29,7 @@ import os
 import random
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,6 +95,9 @@ class Ledger:
 
     lock: threading.Lock = field(default_factory=threading.Lock)
     produced: dict[str, tuple[int, str, int]] = field(default_factory=dict)  # id -> deliver_at, body, cycle
+    recent: deque[str] = field(default_factory=lambda: deque(maxlen=200))  # what the canceller picks from
+    undelivered: dict[str, int] = field(default_factory=dict)  # id -> cycle: answered, not delivered (yet)
+    unacked: set[str] = field(default_factory=set)  # answered, neither acked nor cancelled (yet)
     sent_bodies: set[str] = field(default_factory=set)  # every body ever sent (answered or not)
     cancelled: dict[str, float] = field(default_factory=dict)  # cancel answered 200
     cancel_409: set[str] = field(default_factory=set)
@@ -112,6 +116,11 @@ class Ledger:
             if len(self.violations) < 50:
                 self.violations.append(text)
 
+    def settled(self, mid: str) -> None:
+        """Cancelled (or maybe cancelled): no longer owed. Call with the lock held."""
+        self.undelivered.pop(mid, None)
+        self.unacked.discard(mid)
+
 
 class Load:
     """The threads of one cycle. `final` turns it into drain mode: consumers only, ack all."""
@@ -119,6 +128,7 @@ class Load:
     def __init__(self, d: DaemonProcess, led: Ledger, cycle: int, inc: int, final: bool = False) -> None:
         self.d, self.led, self.cycle, self.inc, self.final = d, led, cycle, inc, final
         self.stop = threading.Event()
+        self.answered = 0  # produce requests answered 200 in this cycle
         self.threads = [threading.Thread(target=self.consumer, args=(i,), daemon=True) for i in range(2)]
         if not final:
             self.threads += [threading.Thread(target=self.producer, daemon=True),
@@ -143,7 +153,7 @@ class Load:
         rng, conn, led, n = self.rng(1), Conn(self.d.port), self.led, 0
         while not self.stop.is_set():
             msgs = []
-            for _ in range(rng.randint(1, 10)):
+            for _ in range(rng.randint(1, 5)):
                 body = f"c{self.cycle}-{n}"
                 n += 1
                 if rng.random() < 0.1:
@@ -161,32 +171,41 @@ class Load:
             if status == 200:
                 with led.lock:
                     for m, r in zip(msgs, res["messages"], strict=True):
-                        led.produced[r["id"]] = (r["deliver_at"], m["body"], self.cycle)
+                        mid = r["id"]
+                        led.produced[mid] = (r["deliver_at"], m["body"], self.cycle)
+                        led.recent.append(mid)
+                        # (A message due at once may have been delivered, even acked, already.)
+                        if mid not in led.delivered_ids:
+                            led.undelivered[mid] = self.cycle
+                        if mid not in led.acked:
+                            led.unacked.add(mid)
+                self.answered += 1
             elif status in (429, 503):
                 with led.lock:
                     led.counts["refused"] += 1
             else:
                 led.violation(f"cycle {self.cycle}: produce answered {status} {res}")
-            self.stop.wait(0.002)  # pace: a few hundred produce requests per cycle
+            self.stop.wait(0.005)  # pace: some hundreds of messages per cycle, enough to race everything
 
     # -- canceller ---------------------------------------------------------------------------
     def canceller(self) -> None:
         rng, conn, led = self.rng(2), Conn(self.d.port), self.led
         while not self.stop.wait(0.01):
             with led.lock:
-                if not led.produced:
+                if not led.recent:
                     continue
-                recent = list(led.produced)[-200:]
-            mid = rng.choice(recent)
+                mid = rng.choice(led.recent)
             try:
                 status, res = conn.call("DELETE", f"/v1/messages/{mid}")
             except (OSError, http.client.HTTPException, ValueError):
                 with led.lock:
                     led.cancel_unknown.add(mid)
+                    led.settled(mid)
                 return
             with led.lock:
                 if status == 200:
                     led.cancelled[mid] = time.monotonic()
+                    led.settled(mid)
                 elif status == 409:
                     led.cancel_409.add(mid)
                 else:
@@ -215,7 +234,9 @@ class Load:
                 continue
             with led.lock:
                 led.deliveries.extend(got)
-                led.delivered_ids.update(g.id for g in got)
+                for g in got:
+                    led.delivered_ids.add(g.id)
+                    led.undelivered.pop(g.id, None)
             ack, nack = [], []
             for g in got:
                 x = 0.0 if self.final else rng.random()
@@ -255,6 +276,7 @@ class Load:
                     continue
                 if op == "ack":
                     led.acked.setdefault(g.id, time.monotonic())
+                    led.unacked.discard(g.id)
                 else:
                     led.nacked[g.receipt] = t_sent
                     led.counts["nacks"] += 1
@@ -267,16 +289,17 @@ class Checker:
 
     def __init__(self, led: Ledger) -> None:
         self.led = led
-        self.done = 0
-        self.last: dict[str, Delivery] = {}
+        self.last: dict[str, tuple[int, int, str, float]] = {}  # id -> inc, attempt, receipt, t_req
         self.bodies: dict[str, str] = {}  # id -> body, for ids whose produce answer was lost
         self.redeliveries = 0
+        self.checked = 0
 
     def run(self, cycle: int) -> list[str]:
         led = self.led
         bad: list[str] = []
-        new = led.deliveries[self.done:]
-        self.done = len(led.deliveries)
+        with led.lock:
+            new, led.deliveries = led.deliveries, []
+        self.checked += len(new)
         for g in sorted(new, key=lambda x: x.t_resp):
             where = f"cycle {cycle}: {g.id} (attempt {g.attempt}, incarnation {g.inc})"
             known = led.produced.get(g.id)
@@ -296,32 +319,28 @@ class Checker:
             prev = self.last.get(g.id)
             if prev is not None:
                 self.redeliveries += 1
-            if prev is not None and prev.inc == g.inc:
-                nacked = led.nacked.get(prev.receipt)
-                expired = g.t_resp - prev.t_req >= (LEASE_MS - CLOCK_SLACK_MS) / 1000
-                if g.attempt != prev.attempt + 1:
-                    bad.append(f"{where}: attempt after attempt {prev.attempt} in the same incarnation "
+            if prev is not None and prev[0] == g.inc:
+                _inc, attempt, receipt, t_req = prev
+                nacked = led.nacked.get(receipt)
+                expired = g.t_resp - t_req >= (LEASE_MS - CLOCK_SLACK_MS) / 1000
+                if g.attempt != attempt + 1:
+                    bad.append(f"{where}: comes after attempt {attempt} in the same incarnation "
                                f"(a second copy from the timer side?)")
                 elif not expired and (nacked is None or nacked > g.t_resp):
-                    bad.append(f"{where}: redelivered {1000 * (g.t_resp - prev.t_req):.0f} ms after "
-                               f"attempt {prev.attempt}, neither nacked nor lease-expired")
+                    bad.append(f"{where}: redelivered {1000 * (g.t_resp - t_req):.0f} ms after attempt "
+                               f"{attempt}, neither nacked nor lease-expired")
             elif g.attempt != 1:
                 bad.append(f"{where}: first delivery of this incarnation has attempt {g.attempt}")
-            self.last[g.id] = g
+            self.last[g.id] = (g.inc, g.attempt, g.receipt, g.t_req)
         with led.lock:
-            for mid in led.cancelled:
-                if mid in led.delivered_ids and mid not in {x for x in self.last if x == mid}:
-                    bad.append(f"cycle {cycle}: {mid} cancelled (200) after it was delivered")
             bad += led.violations
             led.violations.clear()
         return bad
 
-    def owed(self, before_cycle: int) -> set[str]:
-        """Produced (answered) in an earlier cycle, not cancelled (or maybe cancelled), never delivered."""
-        led = self.led
-        with led.lock:
-            return {mid for mid, (_at, _b, c) in led.produced.items() if c < before_cycle} \
-                - led.delivered_ids - set(led.cancelled) - led.cancel_unknown
+    def owed(self, before_cycle: int) -> list[str]:
+        """Answered in an earlier cycle, not cancelled (for sure or maybe), never delivered."""
+        with self.led.lock:
+            return [mid for mid, c in self.led.undelivered.items() if c < before_cycle]
 
 
 def fail(d: DaemonProcess, bad: list[str], stats: str) -> None:
@@ -342,7 +361,7 @@ def test_kill9_torture(tmp_path):
     for cycle in range(CYCLES):
         d.start()
         inc += 1
-        with Load(d, led, cycle, inc):
+        with Load(d, led, cycle, inc) as load:
             # Everything owed from before the crash comes (the consumers are pulling meanwhile).
             try:
                 wait_until(lambda c=cycle: not chk.owed(c), 20, 0.02, "earlier messages to be delivered")
@@ -350,8 +369,10 @@ def test_kill9_torture(tmp_path):
                 missing = sorted(chk.owed(cycle))
                 fail(d, [f"cycle {cycle}: {len(missing)} produced messages never delivered, e.g. {missing[:5]}"],
                      "")
-            # Then kill it at a random moment, in the middle of everything.
-            time.sleep(rng.uniform(0.1, 0.9))
+            # Then kill it at a random moment, in the middle of everything: after a random number
+            # of further produce answers (so the moment follows the load, not a timer).
+            target = load.answered + rng.randint(1, 120)
+            wait_until(lambda: load.answered >= target, 20, 0.001, "produce answers")
             d.kill9()
         bad = chk.run(cycle)
         if bad:
@@ -365,9 +386,8 @@ def test_kill9_torture(tmp_path):
     with Load(d, led, CYCLES, inc, final=True):
         def settled() -> bool:
             with led.lock:
-                owed = set(led.produced) - set(led.cancelled) - led.cancel_unknown - set(led.acked)
-            if owed:
-                return False
+                if led.unacked:
+                    return False
             status, stats = d.request("GET", "/v1/stats")
             g = stats["groups"].get(f"{TOPIC}/{GROUP}", {})
             return stats["scheduled"] == 0 and g.get("backlog", 1) == 0 and g.get("inflight", 1) == 0
@@ -375,8 +395,8 @@ def test_kill9_torture(tmp_path):
             wait_until(settled, 60, 0.05, "every message acked and nothing left")
         except TimeoutError:
             with led.lock:
-                owed = set(led.produced) - set(led.cancelled) - led.cancel_unknown - set(led.acked)
-            fail(d, [f"final: {len(owed)} produced messages never acked, e.g. {sorted(owed)[:5]}"],
+                owed = sorted(led.unacked)
+            fail(d, [f"final: {len(owed)} produced messages never acked, e.g. {owed[:5]}"],
                  json.dumps(d.request("GET", "/v1/stats")[1])[:2000])
     bad = chk.run(CYCLES)
     status, stats = d.request("GET", "/v1/stats")
@@ -393,6 +413,6 @@ def test_kill9_torture(tmp_path):
     assert "fatal" not in d.log_path.read_text(errors="replace")
     print(f"\ntorture: {CYCLES} kill -9 cycles in {time.monotonic() - t0:.1f}s; {len(led.produced)} produces "
           f"answered ({led.counts['produce_lost']} lost to crashes), {len(led.cancelled)} cancels answered 200, "
-          f"{len(led.cancel_409)} answered 409, {len(led.cancel_unknown)} unknown; {len(led.deliveries)} deliveries "
+          f"{len(led.cancel_409)} answered 409, {len(led.cancel_unknown)} unknown; {chk.checked} deliveries "
           f"({chk.redeliveries} redeliveries), {len(led.acked)} acks confirmed, {led.counts['nacks']} nacks, "
           f"{led.counts['drops']} leases left to expire; counters {t}")
