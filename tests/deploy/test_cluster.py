@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -156,3 +157,32 @@ def test_start_fails_clearly_on_a_busy_port(cluster: Cluster) -> None:
     assert r.returncode != 0
     assert f"port 127.0.0.1:{cluster.ports[2]} for s2 is in use" in r.stderr
     assert cluster.pids() == {}, "the shards started by the failed call must be stopped"
+
+
+def test_sharded_clients_over_the_cluster(cluster: Cluster) -> None:
+    """The `make cluster` topology used the way issue 9 describes: messages spread over all
+    shards, each delivered once, and cancel by id and by key work from any client."""
+    from client import Client
+
+    assert cluster.run("start").returncode == 0
+    urls = [f"http://127.0.0.1:{p}" for p in cluster.ports]
+    with Client(urls) as producer, Client(list(reversed(urls))) as other:
+        sent = [producer.send("orders", f"o{i}".encode(), key=f"order-{i}", delay_ms=300) for i in range(60)]
+        assert {r.id.split("-", 1)[0] for r in sent} == set(NODES), "every shard took some messages"
+        far = [producer.send("orders", b"far", key=f"far-{i}", delay_ms=600_000) for i in range(6)]
+        # Cancel from the other client: by id for half, by key for the rest.
+        for r in far[:3]:
+            assert other.cancel(r.id).state == "cancelled"
+        for i in range(3, 6):
+            assert other.cancel_key("orders", f"far-{i}").state == "cancelled"
+        got: dict[str, int] = {}
+        deadline = time.monotonic() + 30
+        while len(got) < len(sent) and time.monotonic() < deadline:
+            batch = other.pull("orders", "g", max=100, wait_ms=500)
+            for m in batch:
+                got[m.id] = got.get(m.id, 0) + 1
+            if batch:
+                other.ack("orders", "g", batch)
+        assert set(got) == {r.id for r in sent} and set(got.values()) == {1}
+        assert not other.pull("orders", "g", max=100, wait_ms=500), "cancelled messages never arrive"
+    assert cluster.run("stop").returncode == 0

@@ -372,7 +372,7 @@ def test_kill9_torture(tmp_path):
             # Then kill it at a random moment, in the middle of everything: after a random number
             # of further produce answers (so the moment follows the load, not a timer).
             target = load.answered + rng.randint(1, 120)
-            wait_until(lambda: load.answered >= target, 20, 0.001, "produce answers")
+            wait_until(lambda ld=load, t=target: ld.answered >= t, 20, 0.001, "produce answers")
             d.kill9()
         bad = chk.run(cycle)
         if bad:

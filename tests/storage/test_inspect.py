@@ -37,11 +37,12 @@ def test_check_of_a_live_store_is_ok_and_touches_nothing(live: Store) -> None:
     before = snapshot(d)
     rep = inspect.check(d, SMALL)
     assert rep.ok, rep.text()
-    assert rep.checkpoint == "ok" and rep.commit_records == 31 and rep.damaged_records == 0
+    assert rep.checkpoint == "ok" and rep.commit_records == len(list(live.commit.scan(0))) > 31
+    assert rep.damaged_records == 0
     assert rep.timerlog_units > 0 and rep.wheel_units > 0 and rep.ready_units > 5
     assert rep.msgtable_entries == 30
     text = rep.text()
-    assert text.startswith(f"data dir {d}: OK") and "31 records" in text
+    assert text.startswith(f"data dir {d}: OK") and f"{rep.commit_records} records" in text
     for what in inspect.DUMP_KINDS:
         assert list(inspect.dump(d, what, config=SMALL))
     assert snapshot(d) == before
@@ -83,9 +84,9 @@ def test_damage_shows_in_dump_and_check(live: Store) -> None:
     live.close()
     seg = d / "commitlog" / f"{0:020d}"
     with open(seg, "r+b") as f:
-        f.seek(60)
+        f.seek(50)  # in the first record (56 bytes)
         b = f.read(1)
-        f.seek(60)
+        f.seek(50)
         f.write(bytes((b[0] ^ 1,)))
     lines = list(inspect.dump(d, "commitlog"))
     assert "DAMAGED" in lines[1] and "ChecksumMismatch" in lines[1]

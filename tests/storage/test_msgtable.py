@@ -76,3 +76,42 @@ def test_delete_before_drops_whole_segments_only(tmp_path: Path) -> None:
     assert list((tmp_path / "mt").iterdir()) == []
     assert t.get(8)[0] == MessageState.UNKNOWN
     t.close()
+
+
+def test_a_batch_reads_and_writes_like_single_calls(tmp_path: Path) -> None:
+    a = MessageTable(tmp_path / "a", segment_entries=64)
+    b = MessageTable(tmp_path / "b", segment_entries=64)
+    for t in (a, b):
+        t.set_run(1, [(MessageState.SCHEDULED, 100 * i, 10 + i, 0) for i in range(100)])
+        t.set(500, MessageState.SCHEDULED, 7, 7)  # far away: a run of its own
+    seqs = [1, 2, 3, 60, 63, 64, 65, 90, 500, 700, 5000]  # across segments, past the end, no segment
+    b.begin_batch(seqs)
+    for seq in seqs:
+        assert b.get(seq) == a.get(seq), seq
+        assert b.flags(seq) == a.flags(seq), seq
+
+    def ops(t: MessageTable) -> None:
+        t.set_flags(2, 1)
+        t.set_state(3, MessageState.DELIVERED)
+        t.set(64, MessageState.SCHEDULED, 999, 55, 3)
+        t.set_flags(64, 2)
+        t.set_state(500, MessageState.CANCELLED)
+        t.set_flags(700, 2)  # past the end of its segment
+        t.set(90, MessageState.CANCELLED, 1, 1)
+        t.set_flags(33, 1)  # not in the batch: straight to the file
+
+    ops(a)
+    ops(b)
+    for seq in (*seqs, 33):
+        assert b.get(seq) == a.get(seq), seq
+        assert b.flags(seq) == a.flags(seq), seq
+    b.end_batch()
+    b.end_batch()  # idempotent
+    for seq in range(0, 800):
+        assert b.get(seq) == a.get(seq), seq
+        assert b.flags(seq) == a.flags(seq), seq
+    assert a.disk_bytes() == b.disk_bytes()
+    a.close()
+    b.close()
+    for seg in sorted(p.name for p in (tmp_path / "a").iterdir()):
+        assert (tmp_path / "a" / seg).read_bytes() == (tmp_path / "b" / seg).read_bytes(), seg

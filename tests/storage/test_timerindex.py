@@ -233,3 +233,24 @@ TimerIndexModel.TestCase.settings = settings(
     max_examples=60, stateful_step_count=40, deadline=None, derandomize=True, database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 test_timerindex_model = TimerIndexModel.TestCase
+
+
+def test_rebuild_links_around_damaged_units_and_stray_pointers(tmp_path: Path) -> None:
+    ix = open_index(tmp_path, segment_units=16)
+    ix.add([entry(1001, i) for i in range(5)] + [entry(1011, 9)], 1000)
+    seg = tmp_path / "timerlog" / f"{0:020d}"
+    ix.close()
+    data = bytearray(seg.read_bytes())
+    data[2 * UNIT_SIZE + 12:2 * UNIT_SIZE + 16] = bytes(4)  # unit of seq 2: unreadable
+    data[4 * UNIT_SIZE + 4:4 * UNIT_SIZE + 12] = (5 * UNIT_SIZE).to_bytes(8, "little", signed=True)[:8]
+    seg.write_bytes(bytes(data))  # ... and seq 4's prev_pos is flipped (points past itself)
+    ix = open_index(tmp_path, segment_units=16)
+    with pytest.raises(Insane):
+        ix.due(1000)
+    damaged: list[int] = []
+    assert ix.rebuild(ix.log.scan(0, damaged=damaged), 1000) == 4
+    assert damaged == [2 * UNIT_SIZE, 4 * UNIT_SIZE]  # prev_pos past itself is damage too
+    assert [u.seq for u in ix.due(1000)] == [0, 1, 3]
+    assert [u.seq for u in ix.due(1010)] == [9]
+    assert ix.check_slots() == 0
+    ix.close()

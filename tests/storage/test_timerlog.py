@@ -131,3 +131,20 @@ def test_scan_a_damaged_unit_raises(tmp_path: Path) -> None:
     with pytest.raises(Insane):
         list(log.scan(0))
     log.close()
+
+
+def test_tolerant_scan_and_relink(tmp_path: Path) -> None:
+    log = TimerLog(tmp_path / "tl", segment_units=8)
+    log.append(units(4))
+    log.close()
+    seg = tmp_path / "tl" / segment_name(0)
+    data = bytearray(seg.read_bytes())
+    struct.pack_into("<I", data, 2 * UNIT_SIZE + 12, 0)  # unit 2: no magic bit
+    seg.write_bytes(bytes(data))
+    log = TimerLog(tmp_path / "tl", segment_units=8)
+    damaged: list[int] = []
+    assert [u.seq for u in log.scan(0, damaged=damaged)] == [0, 1, 3]
+    assert damaged == [2 * UNIT_SIZE]
+    log.relink(3 * UNIT_SIZE, UNIT_SIZE)  # around the damaged one
+    assert [u.seq for u in log.chain(3 * UNIT_SIZE)] == [3, 1, 0]
+    log.close()
