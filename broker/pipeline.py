@@ -243,14 +243,12 @@ class DequeueGetMessage(Stage):
         while True:
             slot_time, units = await self.inbox.get()
             dues: list[Due] = []
-            for unit in units:
-                try:
-                    r = self.store.resolve(unit, slot_time)
-                except CorruptData as e:
+            for unit, r in zip(units, self.store.resolve_many(units, slot_time), strict=True):
+                if isinstance(r, CorruptData):
                     # A damaged record (bit rot, a bad sector) loses that one message; letting
                     # the stage die would stop delivery of all of them, again at every restart.
                     log.error("message %d: its commit-log record at %d is unreadable (%s: %s); dropped",
-                              unit.seq, unit.commit_offset, type(e).__name__, e)
+                              unit.seq, unit.commit_offset, type(r).__name__, r)
                     self.unreadable += 1
                     r = None
                 if isinstance(r, Due):

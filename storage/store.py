@@ -38,7 +38,16 @@ from pathlib import Path
 from typing import Any
 
 from storage import checkpoint as ckpt
-from storage.commitlog import CommitLog, Record, RecordFlag, RecordType, ScanReport, encode, encode_messages
+from storage.commitlog import (
+    CommitLog,
+    Record,
+    RecordFlag,
+    RecordType,
+    ScanReport,
+    decode,
+    encode,
+    encode_messages,
+)
 from storage.errors import CorruptData, GeometryMismatch, Insane, StorageError
 from storage.keyindex import KeyIndex
 from storage.msgtable import MessageState, MessageTable
@@ -57,6 +66,8 @@ FLAG_SLOT = 1  # counted in the per-slot array (a DEFAULT unit in the window)
 FLAG_FAR = 2  # counted in the hourly far-future map (parked in a ROLL unit)
 RETENTION_MARGIN_MS = 1000  # slack on top of the reader's lead, for retention horizons
 BLOCKED = object()  # index(): the next unit would overwrite an undispatched wheel lap
+READ_SPAN = 1 << 20  # resolve_many reads at most this much of the log at once
+READ_GAP = 64 * 1024  # and bridges gaps up to this between records it needs
 # Plain-int and module-level aliases for the per-message hot path (enum attribute lookups and
 # IntFlag arithmetic cost more than the rest of the work there).
 _MESSAGE, _ROLL, _CANCEL, _GROUP = RecordType.MESSAGE, RecordType.ROLL, RecordType.CANCEL, RecordType.GROUP
@@ -702,6 +713,48 @@ class Store:
         rec = self.commit.read(off, size)
         return Due(rec.deliver_at, rec.seq, rec.topic, off, size, tag_hash(rec.tag), slot_time, rec.key)
 
+    def resolve_many(self, units: list[Unit], slot_time: int) -> list[Due | Record | CorruptData | None]:
+        """`resolve` for a chunk of one slot: the message-table entries with one read per run
+        of ids and the records with one read per stretch of the log (a burst of one second
+        is a few long runs, not a million small reads). A record that does not decode comes
+        back as its CorruptData, so one damaged message does not stop the others."""
+        msgs = self.msgs
+        msgs.begin_batch(u.seq for u in units)
+        try:
+            states = [msgs.get(u.seq) for u in units]
+        finally:
+            msgs.end_batch()
+        out: list[Due | Record | CorruptData | None] = [None] * len(units)
+        live = sorted((st[1], st[2], i) for i, (u, st) in enumerate(zip(units, states, strict=True))
+                      if st[0] == MessageState.SCHEDULED and st[1] == u.commit_offset)
+        j = 0
+        while j < len(live):
+            start = live[j][0]
+            k = j + 1
+            while k < len(live) and live[k][0] + live[k][1] - start <= READ_SPAN \
+                    and live[k][0] - (live[k - 1][0] + live[k - 1][1]) <= READ_GAP:
+                k += 1
+            end = live[k - 1][0] + live[k - 1][1]
+            buf = self.commit.files.read(start, end - start) if self._one_segment(start, end) else None
+            for off, size, i in live[j:k]:
+                try:
+                    rec = decode(buf, off - start, off) if buf is not None and len(buf) >= end - start \
+                        else self.commit.read(off, size)
+                except CorruptData as e:
+                    out[i] = e
+                    continue
+                if units[i].magic & UnitMagic.ROLL:
+                    out[i] = rec
+                else:
+                    out[i] = Due(rec.deliver_at, rec.seq, rec.topic, off, size, tag_hash(rec.tag), slot_time,
+                                 rec.key)
+            j = k
+        return out
+
+    def _one_segment(self, start: int, end: int) -> bool:
+        base = self.commit.files.segment_of(start)
+        return end <= self.commit.files.segment_end(base)
+
     def roll_forward(self, rec: Record) -> None:
         """Re-append a far message so the old segment is not pinned; enqueue indexes the copy."""
         rec.type = RecordType.ROLL
@@ -712,6 +765,13 @@ class Store:
     def release(self, items: list[Due], now_ms: int) -> list[Due]:
         """dequeue-put: make due messages visible. Checks the state once more, so a cancel that
         arrived while the message was in the pipeline still wins. Returns what was released."""
+        self.msgs.begin_batch(d.seq for d in items)
+        try:
+            return self._release(items, now_ms)
+        finally:
+            self.msgs.end_batch()
+
+    def _release(self, items: list[Due], now_ms: int) -> list[Due]:
         by_topic: dict[str, list[Due]] = {}
         seen: set[int] = set()
         for d in items:
