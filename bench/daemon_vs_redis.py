@@ -416,6 +416,16 @@ class DaemonServer(ServerProc):
         for spy in self.spies:
             spy.stop()
 
+    def profile_phase(self, tag: str) -> None:
+        """Start a separate profile (DIR/<tag>.txt) from now on, e.g. only the drain of a burst."""
+        if self.profile_dir is None:
+            return
+        for spy in self.spies:
+            spy.stop()
+        out = self.profile_dir / f"{tag}.txt"
+        self.profiles.append(out)
+        self.spies.append(PySpy(self.pid, out))
+
     def profile_summaries(self) -> list[dict[str, Any]]:
         return [summarize_profile(p) for p in self.profiles]
 
@@ -1039,6 +1049,7 @@ async def burst_delayd(ctx: Ctx, m: int) -> dict[str, Any]:
             acker = Acker(acks, topic, group)
             while now_ms() < t_due - 300:
                 await asyncio.sleep(0.05)
+            srv.profile_phase("burst-drain")
             pulls = 0
             with CpuWindow(srv) as drain_cpu:
                 deadline = time.monotonic() + ctx.timeout(30, m, 10_000) + max(0, (t_due - now_ms()) / 1000)

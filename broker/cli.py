@@ -12,6 +12,7 @@ import ssl
 import sys
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 from aiohttp import web
 
@@ -136,16 +137,25 @@ def _run_serve(args: argparse.Namespace) -> int:
         return 1
 
 
+def _store_config(args: argparse.Namespace) -> object:
+    """The storage geometry the daemon would use (a config file may change it)."""
+    return config_mod.load(args.config, env={}).store_config()
+
+
 def _run_check(args: argparse.Namespace) -> int:
     from storage import inspect
-    report = inspect.check(args.data_dir)
+    if not Path(args.data_dir).is_dir():
+        print(f"delayd check: {args.data_dir} is not a directory", file=sys.stderr)
+        return 2
+    report = inspect.check(Path(args.data_dir), config=_store_config(args))
     print(report.text())
     return 1 if report.problems else 0
 
 
 def _run_dump(args: argparse.Namespace) -> int:
     from storage import inspect
-    for line in inspect.dump(args.data_dir, args.what, **({"limit": args.limit} if args.limit else {})):
+    for line in inspect.dump(Path(args.data_dir), args.what, segment=args.segment, start=args.start,
+                             limit=args.limit, topic=args.topic, config=_store_config(args)):
         print(line)
     return 0
 
@@ -163,11 +173,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_run_serve)
     c = sub.add_parser("check", help="verify every CRC and chain of a (stopped or live) data directory")
     c.add_argument("data_dir")
+    c.add_argument("--config", default=None, help="the daemon's TOML config (for its storage geometry)")
     c.set_defaults(func=_run_check)
     d = sub.add_parser("dump", help="print a structure of a data directory in readable form")
     d.add_argument("data_dir")
-    d.add_argument("what", choices=["commitlog", "timerlog", "wheel", "checkpoint", "ready"])
-    d.add_argument("--limit", type=int, default=None)
+    d.add_argument("what", choices=["commitlog", "timerlog", "wheel", "checkpoint", "ready", "msgtable"])
+    d.add_argument("--segment", type=int, default=None, help="segment base (commitlog, timerlog, msgtable)")
+    d.add_argument("--start", type=int, default=0, help="first offset / slot / index to show")
+    d.add_argument("--limit", type=int, default=None, help="at most this many lines")
+    d.add_argument("--topic", default=None, help="ready queue of this topic")
+    d.add_argument("--config", default=None, help="the daemon's TOML config (for its storage geometry)")
     d.set_defaults(func=_run_dump)
     try:
         from client import cli as client_cli

@@ -161,9 +161,9 @@ class EnqueuePut(Stage):
     straight to dequeue-put."""
     name = "enqueue_put"
 
-    def __init__(self, store: Store, inbox: Link, late: Link, clock: Clock) -> None:
+    def __init__(self, store: Store, inbox: Link, late: Link, clock: Clock, inflight: InFlight) -> None:
         super().__init__(inbox, late)
-        self.store, self.clock = store, clock
+        self.store, self.clock, self.inflight = store, clock, inflight
 
     async def run(self) -> None:
         assert self.inbox is not None and self.outbox is not None
@@ -180,6 +180,12 @@ class EnqueuePut(Stage):
                     continue
                 late = self.store.take_late()
                 if late:
+                    # Each is also a unit in slot `d.slot_time`, not loaded yet, and dequeue-put
+                    # marks it done there when released: count it in flight there until then, or
+                    # that release would let the checkpoint's read time pass a slot whose own
+                    # units are still held (lost on kill -9: found by the torture test).
+                    for d in late:
+                        self.inflight.add(d.slot_time, 1)
                     await self.outbox.put(late, len(late))
                 self.items += n
                 records = records[n:]
@@ -395,7 +401,7 @@ class Pipeline:
         self.dues = Link("dequeue_put", queue_batches * 4)
         self.stages: list[Stage] = [
             EnqueueGet(store, self.records, self.appended),
-            EnqueuePut(store, self.records, self.dues, clock),
+            EnqueuePut(store, self.records, self.dues, clock, self.inflight),
             DequeueGet(store, self.units, clock, self.inflight, lookahead_ms),
             DequeueGetMessage(store, self.units, self.dues, self.inflight, self.appended),
             DequeuePut(store, self.dues, clock, self.inflight, release_capacity, on_release),

@@ -43,6 +43,7 @@ class Produced:
 class Broker:
     def __init__(self, config: Config, clock: Clock | None = None) -> None:
         self.cfg = config
+        self._id_prefix = config.node_id + "-"
         self.clock = clock or Clock()
         self.store: Store | None = None
         self.pipeline: Pipeline | None = None
@@ -149,7 +150,7 @@ class Broker:
 
     # ---------------------------------------------------------------------------------- ids
     def message_id(self, seq: int) -> str:
-        return f"{self.cfg.node_id}-{seq:x}"
+        return self._id_prefix + format(seq, "x")
 
     def parse_id(self, message_id: str) -> int:
         """The sequence number of an id this node issued; only the exact spelling counts."""
@@ -212,8 +213,9 @@ class Broker:
                 seqs = store.append_messages(fresh, now, cancels)
             except StorageError as e:
                 raise errors.from_storage(e) from e
+            prefix = self._id_prefix
             for i, seq, m in zip(fresh_at, seqs, fresh, strict=True):
-                results[i] = Produced(self.message_id(seq), m.deliver_at)
+                results[i] = Produced(prefix + format(seq, "x"), m.deliver_at)
             assert self.pipeline is not None
             self.pipeline.appended.set()
         for i, r in enumerate(results):

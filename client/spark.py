@@ -484,7 +484,7 @@ RECORD_VERSION = 1
 HEADER_SIZE = 48
 MAX_RECORD = 64 * 1024 * 1024
 FLAG_CONTINUED = 1
-_LEN_CRC = struct.Struct("<II")
+_LEN_CRC = "<II"  # a format string: this module is pickled by value; a Struct is not picklable
 _HEADER = np.dtype([("length", "<u4"), ("crc", "<u4"), ("version", "u1"), ("type", "u1"), ("flags", "<u2"),
                     ("seq", "<u8"), ("deliver_at", "<i8"), ("produced_at", "<i8"), ("roll_count", "<u2"),
                     ("topic_len", "u1"), ("tag_len", "u1"), ("key_len", "<u2"), ("headers_len", "<u2"),
@@ -706,7 +706,7 @@ def _record_bounds(buf: bytes, verify: bool) -> tuple[list[int], int, bool]:
     pos = 0
     starts: list[int] = []
     ap = starts.append
-    unpack = _LEN_CRC.unpack_from
+    unpack = struct.Struct(_LEN_CRC).unpack_from
     crc32 = zlib.crc32
     bad = False
     while pos + HEADER_SIZE <= n:
@@ -750,7 +750,7 @@ def _resync(fd: int, bad: int, verify: bool) -> int | None:
     for j in range(1, len(data) - HEADER_SIZE + 1):
         if data[j + 8] != RECORD_VERSION:
             continue
-        length, crc = _LEN_CRC.unpack_from(data, j)
+        length, crc = struct.unpack_from(_LEN_CRC, data, j)
         if not HEADER_SIZE <= length <= MAX_RECORD or j + length > len(data):
             continue
         if zlib.crc32(mv[j + 8:j + length]) != crc:

@@ -8,10 +8,15 @@ stays flat however many messages are scheduled. Entry `seq` lives at byte
     offset size  field       type  meaning
     ------ ----  ----------  ----  --------------------------------------------------------
        0     1   state       u8    MessageState
-       1     1   flags       u8    reserved, 0
+       1     1   flags       u8    the store's bookkeeping bits (store.FLAG_SLOT, FLAG_FAR: where
+                                   the message is counted in the schedule); 0 when written
        2     2   roll_count  u16   roll copy that is current
        4     4   size        u32   length of the current commit-log record
        8     8   offset      i64   current commit-log record (original or latest roll copy)
+
+Hot paths (enqueue-put, dequeue) bracket their work in `begin_batch`/`end_batch`: the entries of
+a batch are read with one pread per run of nearby seqs and written back with one pwrite, instead
+of a syscall per message.
 
 The table is derived data: recovery rebuilds what the checkpoint does not cover from the
 commit log (MESSAGE/ROLL/CANCEL records) and the ready queues (deliveries).

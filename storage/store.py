@@ -218,6 +218,11 @@ class Store:
             rep.timerlog_truncated = tlog.truncate(cp.timerlog_end)
         else:
             # No usable checkpoint: every derived structure is rebuilt from the commit log.
+            # A checkpoint file left in place would describe the TimerLog and wheel about to be
+            # discarded; trusted after a crash before the next checkpoint it would lose messages.
+            for p in (self.dir / "checkpoint", ckpt.previous(self.dir / "checkpoint")):
+                if p.exists():
+                    p.rename(p.with_name(f"{p.name}.bad-{int(time.time() * 1000)}"))
             tlog.files.reset(tlog.end)
             wheel.reset()
             self.read_time_ms = self.load_time_ms = self.timers.wheel.slot_time(now)
@@ -256,6 +261,10 @@ class Store:
             self.next_seq = max(self.next_seq, rec.seq + 1)
             if rec.type == RecordType.GROUP:
                 rep.group_events.append(rec)
+            elif not self._full:
+                # Message-table writes after the checkpoint were never fsynced: after a power
+                # cut they may be gone. The log says what they were.
+                self._restore_state(rec)
             batch.append(rec)
             if len(batch) >= 4096:
                 rep.replayed_records += self.index(batch, now)
@@ -391,19 +400,26 @@ class Store:
             self.totals["cancelled"] += 1
 
     def _rebuild_message_state(self, rec: Record) -> None:
-        st, off, _s, roll = self.msgs.get(rec.seq)
+        """Full rescan: the message table and the counters from the log alone."""
         if rec.type == RecordType.MESSAGE:
             self._count(rec.topic, "produced_total", 1)
             self.totals["produced"] += 1
-            if st == MessageState.UNKNOWN:
-                self.msgs.set(rec.seq, MessageState.SCHEDULED, rec.offset, rec.size, 0)
-        elif rec.type == RecordType.ROLL and st in (MessageState.UNKNOWN, MessageState.SCHEDULED) \
-                and rec.roll_count >= roll:
-            self.msgs.set(rec.seq, MessageState.SCHEDULED, rec.offset, rec.size, rec.roll_count)
-        elif rec.type == RecordType.CANCEL and st != MessageState.DELIVERED:
-            self.msgs.set_state(rec.seq, MessageState.CANCELLED)
+        elif rec.type == RecordType.CANCEL and self.msgs.get(rec.seq)[0] != MessageState.DELIVERED:
             self._count(rec.topic, "cancelled_total", 1)
             self.totals["cancelled"] += 1
+        self._restore_state(rec)
+
+    def _restore_state(self, rec: Record) -> None:
+        """Make the message table agree with one record of the log (idempotent)."""
+        st, off, _s, roll = self.msgs.get(rec.seq)
+        if rec.type == RecordType.MESSAGE:
+            if st == MessageState.UNKNOWN:
+                self.msgs.set(rec.seq, MessageState.SCHEDULED, rec.offset, rec.size, 0)
+        elif rec.type == RecordType.ROLL:
+            if st in (MessageState.UNKNOWN, MessageState.SCHEDULED) and rec.roll_count >= roll:
+                self.msgs.set(rec.seq, MessageState.SCHEDULED, rec.offset, rec.size, rec.roll_count)
+        elif rec.type == RecordType.CANCEL and st not in (MessageState.DELIVERED, MessageState.CANCELLED):
+            self.msgs.set_state(rec.seq, MessageState.CANCELLED)
 
     # ---------------------------------------------------------------------------------- produce
     def append_messages(self, msgs: list[NewMessage], now_ms: int,

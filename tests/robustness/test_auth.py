@@ -124,6 +124,12 @@ def test_rights_per_action_and_topic(authd):
     assert err(d, "GET", f"/v1/messages/{billing}", token=CONSUMER) == (403, "forbidden")
     assert d.request("DELETE", f"/v1/messages/{later}", headers=bearer(PRODUCER)) == \
         (200, {"id": later, "state": "cancelled"})
+    # keys: cancel by key is produce, reading by key is produce or consume, on the topic.
+    assert err(d, "DELETE", "/v1/topics/billing/keys/k1", token=PRODUCER) == (403, "forbidden")
+    assert err(d, "DELETE", "/v1/topics/orders.eu/keys/k1", token=CONSUMER) == (403, "forbidden")
+    assert err(d, "DELETE", "/v1/topics/orders.eu/keys/k1", token=PRODUCER) == (404, "not_found")
+    assert err(d, "GET", "/v1/topics/orders.eu/keys/k1", token=CONSUMER) == (404, "not_found")
+    assert err(d, "GET", "/v1/topics/billing/keys/k1", token=CONSUMER) == (403, "forbidden")
 
     # admin: stats, schedule, metrics; nobody else.
     for path in ("/v1/stats", "/metrics", "/v1/schedule?from=0&to=1000&step_ms=1000"):

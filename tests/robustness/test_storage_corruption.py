@@ -10,6 +10,7 @@ and more was produced after the last one, then the store stopped without a final
 from __future__ import annotations
 
 import collections
+import dataclasses
 import os
 import random
 import shutil
@@ -21,7 +22,7 @@ import pytest
 
 from storage import inspect
 from storage.commitlog import CommitLog, Record, RecordFlag, RecordType
-from storage.msgtable import MessageState
+from storage.msgtable import MessageState, MessageTable
 from storage.store import NewMessage, RecoveryReport, Store, StoreConfig
 from storage.timerlog import UNIT_SIZE
 from storage.timerwheel import HEADER as WHEEL_HEADER
@@ -42,6 +43,7 @@ class Scenario:
     delivered_before: set[int] = field(default_factory=set)
     cp_indexed: int = 0  # C of the last checkpoint
     cp_read_time: int = 0
+    unreadable: int = 0  # after recover_and_finish: records dispatch found damaged
 
     def records(self) -> list[Record]:
         log = CommitLog(self.dir / "commitlog", CFG.commit_segment_bytes)
@@ -126,6 +128,7 @@ def recover_and_finish(sc: Scenario, *, may_lose: frozenset[int] = frozenset(),
     drv = Driver(s, sc.clock)
     with no_fsync():
         drain(drv, max([sc.clock[0], *sc.acked.values()]) + 4 * config.roll_window_ms)
+    sc.unreadable = drv.unreadable
     counts = collections.Counter(delivered_seqs(s))
     dup = sorted(q for q, n in counts.items() if n > 1)
     assert not dup, f"delivered twice: {dup}"
@@ -204,12 +207,16 @@ def test_flipped_byte_in_the_last_record(sc: Scenario) -> None:
 
 
 def pick_mid_segment(sc: Scenario, after_checkpoint: bool) -> Record:
+    """A pending message's own record (not rolled since), inside a segment, due after the restart."""
+    table = MessageTable(sc.dir / "msgtable", CFG.msgtable_segment_entries)
+    current = {seq: table.get(seq)[1] for seq in sc.acked}
+    table.close()
     recs = sc.records()
     bases = sorted(int(p.name) for p in (sc.dir / "commitlog").iterdir())
     for i, r in enumerate(recs[1:-1], 1):
         same_segment = recs[i - 1].offset >= max(b for b in bases if b <= r.offset) and \
             recs[i + 1].offset + recs[i + 1].size <= min([b for b in bases if b > r.offset] or [1 << 62])
-        if (r.type == RecordType.MESSAGE and same_segment and r.seq in sc.pending()
+        if (r.type == RecordType.MESSAGE and same_segment and r.seq in sc.pending() and current[r.seq] == r.offset
                 and (r.offset >= sc.cp_indexed) == after_checkpoint and r.deliver_at > sc.cp_read_time + 50):
             return r
     raise AssertionError("no candidate record")
@@ -234,6 +241,7 @@ def test_flipped_byte_mid_segment_before_the_checkpoint(sc: Scenario) -> None:
     flip(sc.dir / "commitlog" / f"{base:020d}", victim.offset - base + victim.size - 2)
     check_finds(sc, f"damaged record at offset {victim.offset}")
     recover_and_finish(sc, may_lose=frozenset({victim.seq}))
+    assert sc.unreadable == 1  # found and dropped at dispatch, the pipeline kept going
 
 
 # ------------------------------------------------------------------------------ the wheel
@@ -283,11 +291,7 @@ def test_flipped_slot_time_reads_as_another_lap(sc: Scenario) -> None:
 
 
 def test_wrong_geometry_wheel_is_rebuilt(sc: Scenario) -> None:
-    other = StoreConfig(precision_ms=20, roll_window_ms=CFG.roll_window_ms,
-                        commit_segment_bytes=CFG.commit_segment_bytes,
-                        timerlog_segment_units=CFG.timerlog_segment_units,
-                        ready_segment_units=CFG.ready_segment_units,
-                        msgtable_segment_entries=CFG.msgtable_segment_entries)
+    other = dataclasses.replace(CFG, precision_ms=20)
     check_finds(sc, "geometry mismatch", config=other)
     rep = recover_and_finish(sc, config=other)
     assert "GeometryMismatch" in rep.wheel
@@ -371,3 +375,22 @@ def test_damaged_timerlog_unit_inside_a_pending_chain(sc: Scenario) -> None:
     check_finds(sc, f"damaged TimerLog unit at {victim.pos}")
     # The unit stays on disk (the chain now runs around it), so check() still counts it.
     recover_and_finish(sc, may_lose=frozenset({victim.seq}), damaged_units_left=1)
+
+
+@pytest.mark.parametrize("fault", ["geometry", "msgtable", "both checkpoints"])
+def test_a_crash_right_after_a_full_rescan_does_not_trust_the_old_checkpoint(sc: Scenario, fault: str) -> None:
+    config = CFG
+    if fault == "geometry":
+        config = dataclasses.replace(CFG, precision_ms=20)
+    elif fault == "msgtable":
+        shutil.rmtree(sc.dir / "msgtable")
+    else:
+        for name in ("checkpoint", "checkpoint.prev"):
+            flip(sc.dir / name, 20)
+    s = Store(sc.dir, config, clock_ms=lambda: sc.clock[0])
+    rep = s.recover()
+    assert "full rescan" in rep.checkpoint
+    s.close()  # a crash before the first checkpoint after the rescan
+    assert not (sc.dir / "checkpoint").exists() and not (sc.dir / "checkpoint.prev").exists()
+    again = recover_and_finish(sc, config=config)
+    assert again.checkpoint == "none"

@@ -1,9 +1,10 @@
 """Drive a Store the way the broker's pipeline does, on a fake clock (used by the storage model
 tests and tests/robustness/test_storage_corruption.py).
 
-enqueue-get/put: `read_records` from `indexed` + `index`, plus the late list; dequeue-get: load
-every slot whose start is <= now; dequeue-get-message: `resolve`, rolling far ones forward;
-dequeue-put: `release` each Due only once the clock has reached its `deliver_at`.
+enqueue-get/put: `read_records` from `indexed` + `index`, plus the late list; dequeue-get: open
+every slot whose start is <= now; dequeue-get-message: `resolve_many`, rolling far ones forward
+and dropping unreadable records; dequeue-put: `release` each Due only once the clock has
+reached its `deliver_at` (as broker/pipeline.py does).
 
 Run as `python -m tests.storage.driver DATA_DIR SEED` it is the child of the kill -9 test:
 it produces, cancels and delivers with a seeded RNG and prints one line per acknowledged
@@ -13,6 +14,7 @@ operation (after the commit log is flushed) until it is killed.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import random
 import sys
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from storage.commitlog import Record
+from storage.errors import CorruptData
 from storage.msgtable import MessageState
 from storage.readyqueue import ReadyUnit
 from storage.store import Due, NewMessage, Store, StoreConfig
@@ -40,6 +43,7 @@ class Driver:
     pending: list[Due] = field(default_factory=list)
     released: list[Due] = field(default_factory=list)
     blocked: int = 0
+    unreadable: int = 0  # units whose commit-log record did not decode (dropped, like the broker)
     last_cp: int | None = None
 
     @property
@@ -68,17 +72,20 @@ class Driver:
         p = s.cfg.precision_ms
         while s.load_time_ms <= self.now + self.lookahead_ms:
             t = s.load_time_ms
-            for unit in s.load_slot(t):
-                r = s.resolve(unit, t)
-                if r is None:
-                    continue
-                if isinstance(r, Record):
-                    assert r.deliver_at > t, "a message due now must not be rolled again"
-                    s.roll_forward(r)
-                    continue
-                # A Due never leaves a slot before its own (the timer side is never early).
-                assert r.deliver_at - r.deliver_at % p <= t, (r, t)
-                self.pending.append(r)
+            for chunk in s.open_slot(t):
+                for r in s.resolve_many(chunk, t):
+                    if r is None:
+                        continue
+                    if isinstance(r, CorruptData):
+                        self.unreadable += 1
+                        continue
+                    if isinstance(r, Record):
+                        assert r.deliver_at > t, "a message due now must not be rolled again"
+                        s.roll_forward(dataclasses.replace(r))
+                        continue
+                    # A Due never leaves a slot before its own (the timer side is never early).
+                    assert r.deliver_at - r.deliver_at % p <= t, (r, t)
+                    self.pending.append(r)
 
     def release(self) -> list[Due]:
         ready = [d for d in self.pending if d.deliver_at <= self.now]
