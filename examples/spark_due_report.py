@@ -72,12 +72,21 @@ def main() -> int:
         cancelled = log.where(F.col("record_type") == "cancel").select("id")
         delivered = ready.select("id")
         pending = produced.join(cancelled, "id", "left_anti").join(delivered, "id", "left_anti")
-        window = pending.where((F.col("deliver_at") >= now) & (F.col("deliver_at") < horizon)).cache()
-        per_minute = (window.groupBy((F.floor(F.col("deliver_at") / MINUTE_MS) * MINUTE_MS).alias("minute"))
-                      .count().orderBy("minute").collect())
-        per_topic = window.groupBy("topic").count().orderBy(F.desc("count")).collect()
-        overdue = pending.where(F.col("deliver_at") < now).count()
-        total = sum(r["count"] for r in per_minute)
+        # one pass: -1 = due already (not released yet), else the minute it falls due in the window
+        bucket = (F.when(F.col("deliver_at") < now, F.lit(-1))
+                  .when(F.col("deliver_at") < horizon, F.floor(F.col("deliver_at") / MINUTE_MS) * MINUTE_MS))
+        counts = (pending.select(bucket.alias("minute"), "topic").where(F.col("minute").isNotNull())
+                  .groupBy("minute", "topic").count().collect())
+        overdue = sum(r["count"] for r in counts if r["minute"] < 0)
+        minutes: dict[int, int] = {}
+        topics: dict[str, int] = {}
+        for r in counts:
+            if r["minute"] >= 0:
+                minutes[r["minute"]] = minutes.get(r["minute"], 0) + r["count"]
+                topics[r["topic"]] = topics.get(r["topic"], 0) + r["count"]
+        per_minute = [{"minute": k, "count": minutes[k]} for k in sorted(minutes)]
+        per_topic = sorted(({"topic": t, "count": n} for t, n in topics.items()), key=lambda r: -r["count"])
+        total = sum(minutes.values())
 
         print(f"data directory: {os.path.abspath(args.data_dir)}   as of {utc(now)} UTC")
         print(f"pending messages due in the next {args.hours} h: {total}"

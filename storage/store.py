@@ -33,29 +33,28 @@ import time
 import zlib
 from array import array
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from storage import checkpoint as ckpt
+from storage import recovery, retention
 from storage.commitlog import (
     CommitLog,
     Record,
     RecordFlag,
     RecordType,
-    ScanReport,
     decode,
     encode,
     encode_messages,
 )
-from storage.errors import CorruptData, GeometryMismatch, Insane, StorageError
-from storage.keyindex import KeyIndex
+from storage.errors import CorruptData, StorageError
 from storage.msgtable import MessageState, MessageTable
 from storage.readyqueue import ReadyQueue, tag_hash
+from storage.recovery import RecoveryReport
 from storage.segments import fsync_all
 from storage.timerindex import Entry, TimerIndex
-from storage.timerlog import UNIT_SIZE, TimerLog, Unit, UnitMagic
-from storage.timerwheel import TimerWheel
+from storage.timerlog import Unit, UnitMagic
 
 log = logging.getLogger("delayd.storage")
 
@@ -64,7 +63,6 @@ HOUR_MS = 3_600_000
 # msgtable flag bits: where the message's current unit is counted in the schedule.
 FLAG_SLOT = 1  # counted in the per-slot array (a DEFAULT unit in the window)
 FLAG_FAR = 2  # counted in the hourly far-future map (parked in a ROLL unit)
-RETENTION_MARGIN_MS = 1000  # slack on top of the reader's lead, for retention horizons
 BLOCKED = object()  # index(): the next unit would overwrite an undispatched wheel lap
 READ_SPAN = 1 << 20  # resolve_many reads at most this much of the log at once
 READ_GAP = 64 * 1024  # and bridges gaps up to this between records it needs
@@ -114,30 +112,6 @@ class Due:
     key: str | None = None
 
 
-@dataclass(slots=True)
-class RecoveryReport:
-    checkpoint: str = "none"  # "ok", "none", or why it was rejected
-    commit: ScanReport = field(default_factory=ScanReport)
-    replayed_records: int = 0
-    units_stripped: int = 0
-    timerlog_truncated: int = 0
-    wheel: str = "ok"  # "ok", "rebuilt (<why>)"
-    ready_replayed: int = 0
-    keys_replayed: int = 0
-    keys: str = "ok"
-    group_events: list[Record] = field(default_factory=list)
-    seconds: float = 0.0
-
-    def line(self) -> str:
-        c = self.commit
-        return (f"recovery done in {self.seconds:.3f}s: checkpoint {self.checkpoint}; commit log "
-                f"{c.records} records scanned, {c.truncated_bytes} bytes truncated, {c.skipped_records} "
-                f"damaged records ({c.skipped_bytes} bytes) skipped; {self.replayed_records} records "
-                f"re-indexed; TimerLog {self.units_stripped} units unlinked, {self.timerlog_truncated} "
-                f"bytes truncated; wheel {self.wheel}; {self.ready_replayed} deliveries replayed; key index "
-                f"{self.keys}, {self.keys_replayed} records replayed")
-
-
 class Store:
     def __init__(self, data_dir: Path, config: StoreConfig | None = None,
                  clock_ms: Callable[[], int] | None = None) -> None:
@@ -154,7 +128,8 @@ class Store:
         self.commit = CommitLog(self.dir / "commitlog", self.cfg.commit_segment_bytes)
         self._msgtable_existed = (self.dir / "msgtable").is_dir()  # recover() checks it against the checkpoint
         self.msgs = MessageTable(self.dir / "msgtable", self.cfg.msgtable_segment_entries)
-        self.keys = self._open_keys()
+        self.keys_rebuilt = False  # the key index was unusable and starts empty
+        self.keys = recovery.open_keys(self)
         self.timers: TimerIndex  # opened by recover()
         self.ready: dict[str, ReadyQueue] = {}
         for p in sorted((self.dir / "ready").glob("*")) if (self.dir / "ready").exists() else []:
@@ -180,246 +155,12 @@ class Store:
 
     # ---------------------------------------------------------------------------------- recovery
     def recover(self) -> RecoveryReport:
-        t0 = time.monotonic()
-        rep = RecoveryReport()
-        tlog = TimerLog(self.dir / "timerlog", self.cfg.timerlog_segment_units)
-        cp = self._load_checkpoint(rep, tlog.end)
+        """Bring every derived structure up to the commit log (see storage.recovery)."""
+        return recovery.recover(self)
 
-        wheel_path = self.dir / "timerwheel"
-        try:
-            wheel = TimerWheel(wheel_path, self.cfg.precision_ms, self.cfg.slot_count)
-        except (GeometryMismatch, CorruptData) as e:
-            aside = wheel_path.with_name(f"timerwheel.bad-{int(time.time())}")
-            wheel_path.rename(aside)
-            log.warning("TimerWheel unusable (%s); moved to %s and rebuilding", e, aside.name)
-            wheel = TimerWheel(wheel_path, self.cfg.precision_ms, self.cfg.slot_count)
-            rep.wheel = f"rebuilt ({type(e).__name__})"
-            if isinstance(e, GeometryMismatch) and cp is not None:
-                # The TimerLog's chains follow the old slots and cannot be re-linked into the new
-                # ones: index everything again from the commit log, as without a checkpoint.
-                rep.checkpoint = f"set aside: wheel geometry changed; full rescan (checkpoint {rep.checkpoint})"
-                cp = None
-        self.timers = TimerIndex(tlog, wheel)
-        start = cp.commit_indexed if cp else self.commit.start
-        rep.commit = self.commit.recover(start)
-
-        now = self.clock_ms()
-        if cp is not None:
-            self._restore(cp)
-            if rep.wheel == "ok" and (wheel.created or self.timers.check_slots()):
-                rep.wheel = "rebuilt (missing)" if wheel.created else "rebuilt (damaged slots)"
-            if rep.wheel == "ok":
-                try:
-                    rep.units_stripped = self.timers.strip_after(cp.timerlog_end)
-                except CorruptData as e:
-                    rep.wheel = f"rebuilt (damaged TimerLog: {e})"
-            if rep.wheel != "ok":
-                self._rebuild_wheel(cp.timerlog_end)
-            rep.timerlog_truncated = tlog.truncate(cp.timerlog_end)
-        else:
-            # No usable checkpoint: every derived structure is rebuilt from the commit log.
-            # A checkpoint file left in place would describe the TimerLog and wheel about to be
-            # discarded; trusted after a crash before the next checkpoint it would lose messages.
-            for p in (self.dir / "checkpoint", ckpt.previous(self.dir / "checkpoint")):
-                if p.exists():
-                    p.rename(p.with_name(f"{p.name}.bad-{int(time.time() * 1000)}"))
-            tlog.files.reset(tlog.end)
-            wheel.reset()
-            self.read_time_ms = self.load_time_ms = self.timers.wheel.slot_time(now)
-            if rep.wheel == "ok" and not wheel.created:
-                rep.wheel = "rebuilt (no checkpoint)"
-        self.indexed = start
-
-        # Deliveries past the checkpoint: the ready queues are their record. Counters change
-        # only with appends (produce/cancel to the commit log, release to a ready queue), so
-        # replaying exactly the appends after the checkpoint's snapshot makes them exact.
-        ends = cp.ready_ends if cp else {}
-        for topic, q in self.ready.items():
-            for u in q.scan(ends.get(topic, 0)):
-                st, off, size, roll = self.msgs.get(u.seq)
-                if st != MessageState.DELIVERED:
-                    self.msgs.set(u.seq, MessageState.DELIVERED, off if off >= 0 else u.commit_offset,
-                                  size or u.commit_size, roll)
-                if cp is not None:
-                    self._count(topic, "scheduled", -1)
-                self._count(topic, "delivered_total", 1)
-                self.totals["delivered"] += 1
-                rep.ready_replayed += 1
-        if cp is not None:
-            for rec in self.commit.scan(cp.commit_end):
-                self._count_append(rec)
-
-        # Without a checkpoint the message table is first brought up to date from the whole log,
-        # so that indexing below sees each message's final record and state.
-        self._full = cp is None
-        if self._full:
-            for rec in self.commit.scan(start):
-                self._rebuild_message_state(rec)
-        # Re-index the commit log from C: the normal enqueue path, batch by batch.
-        batch: list[Record] = []
-        for rec in self.commit.scan(start):
-            self.next_seq = max(self.next_seq, rec.seq + 1)
-            if rec.type == RecordType.GROUP:
-                rep.group_events.append(rec)
-            elif not self._full:
-                # Message-table writes after the checkpoint were never fsynced: after a power
-                # cut they may be gone. The log says what they were.
-                self._restore_state(rec)
-            batch.append(rec)
-            if len(batch) >= 4096:
-                rep.replayed_records += self.index(batch, now)
-                batch = []
-        if batch:
-            rep.replayed_records += self.index(batch, now)
-        self._full = False
-        self.late.clear()  # recovered units sit in slot R, which dequeue-get loads first anyway
-        self.indexed = self.commit.end
-        self._recover_keys(cp, rep)
-        rep.seconds = time.monotonic() - t0
-        return rep
-
-    def _open_keys(self) -> KeyIndex:
-        import sqlite3
-        path = self.dir / "keys.sqlite"
-        try:
-            keys = KeyIndex(path)
-            keys.count()
-            return keys
-        except (sqlite3.DatabaseError, CorruptData) as e:
-            log.warning("key index unusable (%s); rebuilding it from the commit log", e)
-            for p in self.dir.glob("keys.sqlite*"):
-                p.rename(p.with_name(p.name.replace("keys.sqlite", f"keys.bad-{int(time.time())}.sqlite")))
-            self._keys_rebuilt = True
-            return KeyIndex(path)
-
-    def _recover_keys(self, cp: ckpt.Checkpoint | None, rep: RecoveryReport) -> None:
-        """Bring the key index up to the log: replay from where its own commit says it is
-        complete (or from the checkpoint, whichever is older; everything if it is behind the
-        oldest segment or was rebuilt)."""
-        pos = min(self.keys.commit_pos, cp.commit_indexed if cp else self.commit.start)
-        if getattr(self, "_keys_rebuilt", False) or pos < self.commit.start or (
-                self.keys.created and self.commit.end > self.commit.start):
-            self.keys.reset()
-            pos = self.commit.start
-            rep.keys = "rebuilt"
-        rows: list[tuple[str, str, int, int]] = []
-        for rec in self.commit.scan(pos):
-            if rec.key is None:
-                continue
-            rep.keys_replayed += 1
-            if rec.type == RecordType.MESSAGE:
-                rows.append((rec.topic, rec.key, rec.seq, rec.deliver_at))
-            elif rec.type == RecordType.CANCEL:
-                self.keys.put_many(rows)
-                rows = []
-                self.keys.release(rec.topic, rec.key, rec.seq)
-        self.keys.put_many(rows)
-        self.keys.commit(self.commit.end)
-        ends = cp.ready_ends if cp else {}
-        done = []
-        for topic, q in self.ready.items():
-            for u in q.scan(ends.get(topic, 0)):
-                try:
-                    rec = self.commit.read(u.commit_offset, u.commit_size)
-                except (StorageError, CorruptData):
-                    continue
-                if rec.key is not None:
-                    done.append((u.released_at, topic, rec.key, u.seq))
-        self.keys.delivered(done)
-        self.keys.commit(self.commit.end)
-
-    def _load_checkpoint(self, rep: RecoveryReport, timerlog_end: int) -> ckpt.Checkpoint | None:
-        """The newest valid checkpoint (current, else the previous one), or None. Besides its
-        own checks, it must agree with the files it describes: a derived file that lost what the
-        checkpoint counts on (a truncated TimerLog, a deleted message table) forces a rescan."""
-        problems = []
-        for path in (self.dir / "checkpoint", ckpt.previous(self.dir / "checkpoint")):
-            try:
-                cp = ckpt.load(path)
-                if cp.commit_end > self.commit.end:
-                    raise Insane(f"expects a commit log of {cp.commit_end} bytes, found {self.commit.end}")
-                if cp.commit_indexed < self.commit.start:
-                    raise Insane("points before the oldest commit-log segment")
-                if cp.timerlog_end > timerlog_end:
-                    raise Insane(f"expects a TimerLog of {cp.timerlog_end} bytes, found {timerlog_end}")
-                last, per = cp.next_seq - 1, self.msgs.segment_entries
-                if last > 0 and (not self._msgtable_existed or (
-                        (last // per + 1) * per > cp.next_seq and not self.msgs.has_entry(last))):
-                    # (A segment wholly below next_seq may be gone to retention, never a partial one.)
-                    raise Insane(f"the message table lacks entries up to seq {last}")
-                if not self._msgtable_existed and self.commit.end > self.commit.start:
-                    # An older checkpoint (even an empty one, next_seq 1) is no help either: the
-                    # replay after it needs the entries that every append wrote.
-                    raise Insane("the message table is missing")
-            except FileNotFoundError:
-                if path.name == "checkpoint" and ckpt.previous(path).exists():
-                    problems.append("checkpoint: missing")  # the recovery line says it fell back
-                continue
-            except CorruptData as e:
-                problems.append(f"{path.name}: {type(e).__name__}: {e}")
-                log.warning("checkpoint %s rejected: %s", path.name, e)
-                continue
-            rep.checkpoint = "ok" if not problems else f"fell back to {path.name} ({'; '.join(problems)})"
-            return cp
-        rep.checkpoint = f"rejected ({'; '.join(problems)}); full rescan" if problems else "none"
-        return None
-
-    def _restore(self, cp: ckpt.Checkpoint) -> None:
-        self.next_seq = cp.next_seq
-        self.read_time_ms = self.load_time_ms = cp.read_time_ms
-        self.totals.update(cp.counters.get("totals", {}))
-        self.topic_counts = {t: dict(c) for t, c in cp.counters.get("topics", {}).items()}
-        for t in self.topic_counts:
-            self.topic_names[zlib.crc32(t.encode())] = t
-        if cp.schedule:
-            raw = zlib.decompress(cp.schedule)
-            if len(raw) == 4 * self.cfg.slot_count:
-                self.slot_counts = array("i", raw)
-        self.far_counts = dict(cp.far_schedule)
-        self.groups_snapshot = cp.groups
-        self.indexed_at = dict(cp.indexed_at)
-        self.durable_indexed = cp.commit_indexed
-
-    def _rebuild_wheel(self, timerlog_end: int | None = None) -> None:
-        damaged: list[int] = []
-        self.timers.rebuild(self.timers.log.scan(self.timers.log.start, timerlog_end, damaged), self.read_time_ms)
-        if damaged:
-            # Their messages are lost to the timer (the unit held which message it was).
-            log.error("TimerLog: %d damaged units skipped while rebuilding the wheel (first at %d)",
-                      len(damaged), damaged[0])
-
-    def _count_append(self, rec: Record) -> None:
-        """Counter changes of one appended record (the same as at append time)."""
-        if rec.type == RecordType.MESSAGE:
-            self._count(rec.topic, "produced_total", 1)
-            self._count(rec.topic, "scheduled", 1)
-            self.totals["produced"] += 1
-        elif rec.type == RecordType.CANCEL:
-            self._count(rec.topic, "cancelled_total", 1)
-            self._count(rec.topic, "scheduled", -1)
-            self.totals["cancelled"] += 1
-
-    def _rebuild_message_state(self, rec: Record) -> None:
-        """Full rescan: the message table and the counters from the log alone."""
-        if rec.type == RecordType.MESSAGE:
-            self._count(rec.topic, "produced_total", 1)
-            self.totals["produced"] += 1
-        elif rec.type == RecordType.CANCEL and self.msgs.get(rec.seq)[0] != MessageState.DELIVERED:
-            self._count(rec.topic, "cancelled_total", 1)
-            self.totals["cancelled"] += 1
-        self._restore_state(rec)
-
-    def _restore_state(self, rec: Record) -> None:
-        """Make the message table agree with one record of the log (idempotent)."""
-        st, off, _s, roll = self.msgs.get(rec.seq)
-        if rec.type == RecordType.MESSAGE:
-            if st == MessageState.UNKNOWN:
-                self.msgs.set(rec.seq, MessageState.SCHEDULED, rec.offset, rec.size, 0)
-        elif rec.type == RecordType.ROLL:
-            if st in (MessageState.UNKNOWN, MessageState.SCHEDULED) and rec.roll_count >= roll:
-                self.msgs.set(rec.seq, MessageState.SCHEDULED, rec.offset, rec.size, rec.roll_count)
-        elif rec.type == RecordType.CANCEL and st not in (MessageState.DELIVERED, MessageState.CANCELLED):
-            self.msgs.set_state(rec.seq, MessageState.CANCELLED)
+    def retain(self, now_ms: int, retention_ms: int, needed: dict[str, int]) -> dict[str, int]:
+        """Delete the segments nothing needs any more (see storage.retention)."""
+        return retention.retain(self, now_ms, retention_ms, needed)
 
     # ---------------------------------------------------------------------------------- produce
     def append_messages(self, msgs: list[NewMessage], now_ms: int,
@@ -713,7 +454,7 @@ class Store:
             log.error("TimerWheel slot %d damaged (%s); rebuilding the wheel from the TimerLog", slot_time, e)
             # From the durable read time, not `slot_time`: slots loaded since the checkpoint may
             # still be in flight and are walked again if we crash before the next checkpoint.
-            self._rebuild_wheel()
+            recovery.rebuild_wheel(self)
             out = [u for u in self.timers.walk(slot_time) if u.pos not in passed]
         if out:
             yield out
@@ -894,80 +635,6 @@ class Store:
             if base not in self.indexed_at and self.commit.files.segment_end(base) <= cp.commit_indexed \
                     and base != self.commit.files.bases[-1]:
                 self.indexed_at[base] = cp.created_ms
-
-    # ---------------------------------------------------------------------------------- retention
-    def retain(self, now_ms: int, retention_ms: int, needed: dict[str, int]) -> dict[str, int]:
-        """Delete every segment nothing needs any more; returns what was deleted per kind.
-
-        `needed`: per topic, the lowest ready-queue index a consumer group still needs (its
-        ack floor, or a dead letter's index); topics without groups are kept for
-        `retention_ms` after release only. Nothing is deleted that a recovery from the last
-        checkpoint would read.
-
-        Commit log and TimerLog need no per-message bookkeeping: a segment fully indexed at
-        time τ holds nothing pending once the durable read time passes τ + roll window —
-        whatever was due later than that rolled forward into a newer segment (RIP-43), so a
-        far-future message never pins an old segment.
-        """
-        gone = {"ready": 0, "commit": 0, "timerlog": 0, "msgtable": 0}
-        # A unit fires at most roll window + the reader's lead (lookahead + a slot) after it
-        # was written; the margin covers that lead with room to spare.
-        horizon = self.read_time_ms - self.cfg.roll_window_ms - self.cfg.lookahead_ms - 2 * self.cfg.precision_ms \
-            - RETENTION_MARGIN_MS
-        low = min(self.durable_indexed, self.keys.commit_pos)
-        for topic, q in self.ready.items():
-            keep_from = None
-            for first, end, lo, released in q.segments():
-                if keep_from is None and end <= needed.get(topic, end) and released < now_ms - retention_ms \
-                        and end < q.end:
-                    continue
-                keep_from = first if keep_from is None else keep_from
-                low = min(low, lo)
-            if keep_from:
-                gone["ready"] += len(q.delete_before(keep_from))
-        for base in self.commit.files.bases[:-1]:
-            t = self.indexed_at.get(base)
-            if t is None or t > horizon:
-                low = min(low, base)
-                break
-        deleted = self.commit.delete_before(low)
-        for base in deleted:
-            self.indexed_at.pop(base, None)
-        gone["commit"] = len(deleted)
-        tl = self.timers.log
-        for base in tl.files.bases[:-1]:
-            end = tl.files.segment_end(base)
-            if end > self.timers.log.end or end <= base:
-                break
-            last = tl.read(end - UNIT_SIZE)
-            if last.enqueue_time > horizon:
-                break
-            gone["timerlog"] += len(tl.delete_before(end))
-        gone["msgtable"] = self._retain_msgtable(low)
-        return gone
-
-    def _retain_msgtable(self, low: int, scans: int = 2) -> int:
-        """Drop message-table segments whose messages are all final and whose records are
-        gone (below `low`); an id older than that answers 404. Segments are independent, so
-        a long-pending message pins only its own: it is remembered and the segment skipped
-        until that message is final. At most `scans` segments are read per round."""
-        n = 0
-        for seg in sorted(self.msgs.segments()):
-            if (seg + 1) * self.msgs.segment_entries > self.next_seq or scans <= 0:
-                break
-            pin = self._msgtable_pins.get(seg)
-            if pin is not None and self.msgs.get(pin)[0] == MessageState.SCHEDULED:
-                continue
-            scans -= 1
-            why = self.msgs.blocker(seg, low)
-            if why is None:
-                self._msgtable_pins.pop(seg, None)
-                n += self.msgs.delete_segment(seg)
-            elif why[0] == "pending":
-                self._msgtable_pins[seg] = why[1]
-            else:
-                break  # records still needed here are needed in every newer segment too
-        return n
 
     # ---------------------------------------------------------------------------------- retention
     def disk_bytes(self) -> int:

@@ -1,12 +1,21 @@
 """A real local SparkSession for the Spark connector tests (session-scoped: one JVM for all).
 
-Spark needs Java 17+ and `pip install 'pyspark>=4.0' pyarrow numpy` (the `spark` extra); without
-pyspark these tests are skipped, not failed.
+Spark needs Java 17+ and the `spark` extra (`pyspark>=4.0`, pyarrow, numpy); without pyspark these
+tests are skipped, not failed.
+
+Starting Spark's JVM is most of these tests' time (about 30 s of CPU on a small machine, class
+loading and JIT). Two things cut it: C1-only JIT (`TieredStopAtLevel=1`, fine for short jobs) and a
+class-data-sharing archive of the classes Spark loads. The first session records the archive when
+its JVM exits (`-XX:ArchiveClassesAtExit`, kept in pytest's cache dir, `.pytest_cache/d/`); later JVMs
+(next runs, and the example subprocesses) map it. A stale or mismatched archive is ignored by the
+JVM (`-Xshare:auto`), so the worst case is the slow start.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,8 +29,11 @@ pytest.importorskip("numpy")
 
 from tests.support.daemon import DaemonProcess  # noqa: E402
 
-# Faster JVM start for short test jobs (C1 only); long jobs (bench/spark_bench.py) leave it out.
-TEST_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseParallelGC"
+# Quiet JVM logging (CDS prints a warning per class it cannot archive) except errors.
+JVM_QUIET = "-Xlog:disable -Xlog:all=error:stderr"
+TEST_JAVA_OPTIONS = f"-XX:TieredStopAtLevel=1 -XX:+UseParallelGC {JVM_QUIET}"
+
+_archive: dict[str, Path] = {}  # "path": where this JVM/pyspark pair's archive lives
 
 
 def spark_env() -> dict[str, str]:
@@ -29,25 +41,60 @@ def spark_env() -> dict[str, str]:
     return {"SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
 
 
+def archive_path(config: pytest.Config) -> Path:
+    if "path" not in _archive:
+        import pyspark
+
+        java = subprocess.run(["java", "-version"], capture_output=True, text=True, timeout=60).stderr
+        key = hashlib.sha256(f"{java}|{pyspark.__version__}|{pyspark.__file__}".encode()).hexdigest()[:16]
+        _archive["path"] = Path(config.cache.mkdir("delayd-spark-cds")) / f"spark-{key}.jsa"
+    return _archive["path"]
+
+
+def java_options(config: pytest.Config) -> str:
+    """JVM options for a test Spark driver: with the class archive once there is one."""
+    path = archive_path(config)
+    return f"{TEST_JAVA_OPTIONS} -XX:SharedArchiveFile={path}" if path.is_file() else TEST_JAVA_OPTIONS
+
+
 @pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
+def spark(pytestconfig: pytest.Config) -> Iterator[Any]:
     os.environ.update(spark_env())
+    from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
     from client.spark import register
 
+    archive = archive_path(pytestconfig)
+    recording = None
+    options = java_options(pytestconfig)
+    if not archive.is_file():
+        recording = archive.with_name(f"{archive.name}.{os.getpid()}.tmp")
+        options += f" -XX:ArchiveClassesAtExit={recording}"
     session = (SparkSession.builder.master("local[2]").appName("delayd-tests")
                .config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.shuffle.partitions", "2")
                .config("spark.default.parallelism", "2")
-               .config("spark.driver.extraJavaOptions", TEST_JAVA_OPTIONS)
+               .config("spark.driver.extraJavaOptions", options)
                .config("spark.sql.session.timeZone", "UTC")
                .getOrCreate())
     session.sparkContext.setLogLevel("ERROR")
     register(session)
     yield session
     session.stop()
+    gateway = SparkContext._gateway
+    if recording is not None and gateway is not None and getattr(gateway, "proc", None) is not None:
+        # The JVM exits (and writes the archive) when its stdin closes; then keep the archive.
+        gateway.shutdown()
+        gateway.proc.stdin.close()
+        rc = gateway.proc.wait(180)
+        SparkContext._gateway = None
+        SparkContext._jvm = None
+        if rc == 0 and recording.is_file():
+            os.replace(recording, archive)
+        else:
+            recording.unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +103,3 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     d = DaemonProcess(tmp_path_factory.mktemp("spark-daemon") / "data").start()
     yield d
     d.stop()
-
-
-@pytest.fixture
-def data_root(tmp_path: Path) -> Path:
-    return tmp_path

@@ -11,14 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.spark.conftest import TEST_JAVA_OPTIONS, spark_env
+from tests.spark.conftest import java_options, spark_env
 from tests.support.daemon import ROOT, DaemonProcess, wait_until
 
 
-def run_example(script: str, *args: str, timeout_s: float = 150) -> str:
-    env = {**os.environ, **spark_env(),
-           "PYSPARK_SUBMIT_ARGS": f"--conf {shlex.quote('spark.driver.extraJavaOptions=' + TEST_JAVA_OPTIONS)} "
-                                  "pyspark-shell"}
+def run_example(config: pytest.Config, script: str, *args: str, timeout_s: float = 150) -> str:
+    jvm = shlex.quote("spark.driver.extraJavaOptions=" + java_options(config))
+    env = {**os.environ, **spark_env(), "PYSPARK_SUBMIT_ARGS": f"--conf {jvm} pyspark-shell"}
     proc = subprocess.run([sys.executable, str(ROOT / "examples" / script), *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout_s)
     assert proc.returncode == 0, f"{script} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}"
@@ -26,11 +25,11 @@ def run_example(script: str, *args: str, timeout_s: float = 150) -> str:
 
 
 @pytest.mark.timeout(330)
-def test_schedule_orders_then_due_report(tmp_path: Path) -> None:
+def test_schedule_orders_then_due_report(tmp_path: Path, pytestconfig: pytest.Config) -> None:
     d = DaemonProcess(tmp_path / "data").start()
     try:
         started = int(time.time() * 1000)
-        out = run_example("spark_schedule_orders.py", "--url", d.url, "--topic", "ex.close", "--orders", "300")
+        out = run_example(pytestconfig, "spark_schedule_orders.py", "--url", d.url, "--topic", "ex.close", "--orders", "300")
         assert "orders: 300" in out and "scheduled: 300" in out and "duplicates: 0" in out, out
         m = d.request("GET", "/v1/topics/ex.close/keys/ord-00000007")[1]
         # due 30 minutes after the order, and every order was placed within the last 20 minutes
@@ -44,7 +43,7 @@ def test_schedule_orders_then_due_report(tmp_path: Path) -> None:
         wait_until(lambda: d.request("GET", "/v1/stats")[1]["topics"].get("ex.now", {}).get("delivered_total") == 5,
                    30, 0.05, "5 messages delivered")
 
-        report = run_example("spark_due_report.py", str(d.data_dir), "--rows", "100")  # the daemon keeps running
+        report = run_example(pytestconfig, "spark_due_report.py", str(d.data_dir), "--rows", "100")  # the daemon keeps running
         assert "pending messages due in the next 48 h: 299" in report, report
         assert "topic ex.close: 299" in report, report
         minutes = [line for line in report.splitlines() if line.strip().endswith("#") and "  20" in line]
