@@ -1713,7 +1713,10 @@ def main(argv: list[str] | None = None) -> int:
     def on_term(signum: int, _frame: Any) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
+    # Both signals unwind through the `finally` below, which stops every server we started.
+    # SIGINT explicitly too: a shell starts background jobs with SIGINT ignored.
     signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
     base_tmp = Path(tempfile.mkdtemp(prefix="delayd-bench-", dir=args.tmp_dir))
     ctx = Ctx(args=args, base_tmp=base_tmp, bodies=Bodies(100), redis_bin=redis_bin or "")
     started = time.time()

@@ -62,8 +62,8 @@ class Config:
     retention_interval_ms: int = 10_000
     dedup_window_ms: int = 600_000
     # pipeline
-    stage_queue_batches: int = 64
-    release_capacity: int = 100_000
+    stage_queue_batches: int = 32
+    release_capacity: int = 50_000
     # consumers
     default_max_attempts: int = 16
     # security

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import itertools
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -62,6 +63,7 @@ class Group:
     done: set[int] = field(default_factory=set)
     leases: dict[int, Lease] = field(default_factory=dict)
     retry: list[tuple[int, int]] = field(default_factory=list)
+    deadlines: list[tuple[int, int, str]] = field(default_factory=list)  # lease expiry heap
     attempts: dict[int, int] = field(default_factory=dict)
     dead: dict[int, Dead] = field(default_factory=dict)
     revived: set[int] = field(default_factory=set)  # redriven indexes below the floor
@@ -125,6 +127,8 @@ class Groups:
         self.default_max_attempts = default_max_attempts
         self.groups: dict[str, Group] = {}
         self.changed: dict[str, asyncio.Event] = {}  # topic -> set when messages became available
+        self._salt = secrets.token_hex(3)
+        self._tokens = itertools.count(1)
 
     # -- lifecycle ------------------------------------------------------------------------------
     def restore(self, snapshot: dict[str, Any], events: list[tuple[str, str, dict]]) -> None:
@@ -202,15 +206,27 @@ class Groups:
 
     # -- pull -----------------------------------------------------------------------------------
     def _expire(self, g: Group, now: int) -> None:
-        expired = [i for i, lease in g.leases.items() if lease.deadline_ms <= now]
-        for i in expired:
-            lease = g.leases.pop(i)
-            g.attempts[i] = lease.attempt
-            heapq.heappush(g.retry, (now, i))
+        """Leases past their deadline go back for redelivery. The deadline heap keeps this
+        proportional to what expires, not to what is leased."""
+        heap = g.deadlines
+        while heap and heap[0][0] <= now:
+            deadline, i, token = heapq.heappop(heap)
+            lease = g.leases.get(i)
+            if lease is not None and lease.token == token and lease.deadline_ms == deadline:
+                del g.leases[i]
+                g.attempts[i] = lease.attempt
+                heapq.heappush(g.retry, (now, i))
 
     def next_wakeup_ms(self, g: Group) -> int | None:
         """When something becomes pullable without new messages (retry or lease expiry)."""
-        times = [t for t, _ in g.retry[:1]] + [lease.deadline_ms for lease in g.leases.values()]
+        heap = g.deadlines
+        while heap:  # drop entries of settled or extended leases
+            deadline, i, token = heap[0]
+            lease = g.leases.get(i)
+            if lease is not None and lease.token == token and lease.deadline_ms == deadline:
+                break
+            heapq.heappop(heap)
+        times = [t for t, _ in g.retry[:1]] + [d for d, _, _ in heap[:1]]
         return min(times) if times else None
 
     def take(self, g: Group, max_n: int, lease_ms: int, tags: list[str] | None) -> list[Delivery]:
@@ -263,8 +279,10 @@ class Groups:
         return out
 
     def _lease(self, g: Group, u: ReadyUnit, attempt: int, now: int, lease_ms: int) -> Delivery:
-        token = secrets.token_hex(4)
+        # Unique per lease: a salt per process (restarts) and a counter (no urandom per message).
+        token = f"{self._salt}{next(self._tokens):x}"
         g.leases[u.index] = Lease(token, now + lease_ms, attempt)
+        heapq.heappush(g.deadlines, (now + lease_ms, u.index, token))
         g.attempts[u.index] = attempt
         return Delivery(u, f"{u.index:x}.{token}", attempt)
 
@@ -348,6 +366,7 @@ class Groups:
                 stale.append(r)
                 continue
             g.leases[i].deadline_ms = now + lease_ms
+            heapq.heappush(g.deadlines, (now + lease_ms, i, g.leases[i].token))
             n += 1
         return n, stale
 

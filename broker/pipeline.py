@@ -31,6 +31,10 @@ log = logging.getLogger("delayd.pipeline")
 DISK_FULL_RETRY_S = 0.5
 
 
+RELEASE_BATCH = 4096  # messages released per event-loop turn
+RESOLVE_CHUNK = 256  # units resolved per event-loop turn (a big slot must not stall releases)
+
+
 class Link:
     """A bounded queue of batches that counts items. `put` waits while full (flow control)."""
 
@@ -217,10 +221,11 @@ class DequeueGet(Stage):
             # cannot pass it while units are still to come.
             self.inflight.add(t, 1)
             n = 0
-            for chunk in self.store.open_slot(t):
+            for chunk in self.store.open_slot(t, RESOLVE_CHUNK):
                 self.inflight.add(t, len(chunk))
                 n += len(chunk)
                 await self.outbox.put((t, chunk), len(chunk))
+                await asyncio.sleep(0)  # a put into a link with room does not yield by itself
             self.inflight.done(t)
             if n:
                 self.items += n
@@ -276,6 +281,7 @@ class DequeueGetMessage(Stage):
             self.batches += 1
             if dues:
                 await self.outbox.put(dues, len(dues))
+            await asyncio.sleep(0)  # let dequeue-put release between chunks
 
 
 class DequeuePut(Stage):
@@ -289,21 +295,26 @@ class DequeuePut(Stage):
         self.store, self.clock, self.inflight = store, clock, inflight
         self.capacity, self.on_release = capacity, on_release
         self.heap: list[tuple[int, int, Due]] = []
+        self.due_now: list[Due] = []  # already due when they arrived: no need for the heap
 
     async def run(self) -> None:
         assert self.inbox is not None
-        heap = self.heap
+        heap, due_now = self.heap, self.due_now
         while True:
-            while len(heap) < self.capacity:
+            now = self.clock.now_ms()
+            while len(heap) + len(due_now) < self.capacity and len(due_now) < RELEASE_BATCH:
                 batch = self.inbox.get_nowait()
                 if batch is None:
                     break
                 for d in batch:
-                    heapq.heappush(heap, (d.deliver_at, d.seq, d))
-            now = self.clock.now_ms()
-            if heap and heap[0][0] <= now:
-                due: list[Due] = []
-                while heap and heap[0][0] <= now and len(due) < 4096:
+                    if d.deliver_at <= now:
+                        due_now.append(d)
+                    else:
+                        heapq.heappush(heap, (d.deliver_at, d.seq, d))
+            if due_now or (heap and heap[0][0] <= now):
+                due: list[Due] = due_now[:RELEASE_BATCH]
+                del due_now[:RELEASE_BATCH]
+                while heap and heap[0][0] <= now and len(due) < RELEASE_BATCH:
                     due.append(heapq.heappop(heap)[2])
                 try:
                     released = self.store.release(due, now)
@@ -330,7 +341,7 @@ class DequeuePut(Stage):
 
     @property
     def holding(self) -> int:
-        return len(self.heap)
+        return len(self.heap) + len(self.due_now)
 
 
 class GroupCommit:

@@ -311,11 +311,13 @@ class Broker:
             except TimeoutError:
                 pass
         out = []
-        for d in got:
-            try:
-                out.append((d, self.store.read_record(d.unit.commit_offset, d.unit.commit_size)))  # type: ignore[union-attr]
-            except StorageError as e:
-                log.error("ready message %d unreadable (%s); dead-lettering it", d.unit.seq, e)
+        assert self.store is not None
+        recs = self.store.read_many([(d.unit.commit_offset, d.unit.commit_size) for d in got])
+        for d, rec in zip(got, recs, strict=True):
+            if isinstance(rec, Record):
+                out.append((d, rec))
+            else:
+                log.error("ready message %d unreadable (%s); dead-lettering it", d.unit.seq, rec)
                 self.groups.dead_letter(g, d.unit.index, d.unit.seq, d.attempt, "unreadable")
         return out
 

@@ -482,31 +482,51 @@ class Store:
         finally:
             msgs.end_batch()
         out: list[Due | Record | CorruptData | None] = [None] * len(units)
-        live = sorted((st[1], st[2], i) for i, (u, st) in enumerate(zip(units, states, strict=True))
-                      if st[0] == MessageState.SCHEDULED and st[1] == u.commit_offset)
-        j = 0
-        while j < len(live):
-            start = live[j][0]
-            k = j + 1
-            while k < len(live) and live[k][0] + live[k][1] - start <= READ_SPAN \
-                    and live[k][0] - (live[k - 1][0] + live[k - 1][1]) <= READ_GAP:
-                k += 1
-            end = live[k - 1][0] + live[k - 1][1]
-            buf = self.commit.files.read(start, end - start) if self._one_segment(start, end) else None
-            for off, size, i in live[j:k]:
-                try:
-                    rec = decode(buf, off - start, off) if buf is not None and len(buf) >= end - start \
-                        else self.commit.read(off, size)
-                except CorruptData as e:
-                    out[i] = e
-                    continue
-                if units[i].magic & UnitMagic.ROLL:
-                    out[i] = rec
-                else:
-                    out[i] = Due(rec.deliver_at, rec.seq, rec.topic, off, size, tag_hash(rec.tag), slot_time,
-                                 rec.key)
-            j = k
+        live = [i for i, (u, st) in enumerate(zip(units, states, strict=True))
+                if st[0] == MessageState.SCHEDULED and st[1] == u.commit_offset]
+        recs = self.read_many([(states[i][1], states[i][2]) for i in live])
+        for i, rec in zip(live, recs, strict=True):
+            if isinstance(rec, StorageError):
+                out[i] = rec if isinstance(rec, CorruptData) else CorruptData(str(rec))
+            elif units[i].magic & UnitMagic.ROLL:
+                out[i] = rec
+            else:
+                out[i] = Due(rec.deliver_at, rec.seq, rec.topic, rec.offset, rec.size, tag_hash(rec.tag),
+                             slot_time, rec.key)
         return out
+
+    def read_many(self, locations: list[tuple[int, int]]) -> list[Record | StorageError]:
+        """The records at (offset, size) locations, in the order asked, with one read per
+        stretch of the log rather than one per record. A record that does not decode comes
+        back as its error (CorruptData, or OffsetOutOfRange for a deleted segment), so one
+        unreadable message does not fail the others."""
+        out: list[Record | StorageError | None] = [None] * len(locations)
+        order = sorted(range(len(locations)), key=lambda i: locations[i][0])
+        j = 0
+        while j < len(order):
+            start = locations[order[j]][0]
+            k = j + 1
+            while k < len(order):
+                off, size = locations[order[k]]
+                prev_off, prev_size = locations[order[k - 1]]
+                if off + size - start > READ_SPAN or off - (prev_off + prev_size) > READ_GAP:
+                    break
+                k += 1
+            last_off, last_size = locations[order[k - 1]]
+            end = max(last_off + last_size, start)
+            try:
+                buf = self.commit.files.read(start, end - start) if self._one_segment(start, end) else None
+            except StorageError:
+                buf = None
+            for i in order[j:k]:
+                off, size = locations[i]
+                try:
+                    out[i] = decode(buf, off - start, off) if buf is not None and len(buf) >= end - start \
+                        else self.commit.read(off, size)
+                except StorageError as e:
+                    out[i] = e
+            j = k
+        return out  # type: ignore[return-value]
 
     def _one_segment(self, start: int, end: int) -> bool:
         base = self.commit.files.segment_of(start)

@@ -45,8 +45,11 @@ def seq_of(mid: str) -> int:
 
 
 def delayd_check(data_dir: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "broker", "check", str(data_dir)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
+    """`delayd check DIR --config F`: with the daemon's config, for its storage geometry."""
+    config = data_dir.parent / f"{data_dir.name}-check.toml"
+    config.write_text(CONFIG)
+    return subprocess.run([sys.executable, "-m", "broker", "check", str(data_dir), "--config", str(config)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
 
 
 def records(data_dir: Path) -> list[tuple[int, Record | Exception, int]]:

@@ -29,8 +29,11 @@ CONFIG = "precision_ms = 100\ncheckpoint_interval_ms = 200\n"
 
 
 def check_dir(data_dir: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "broker", "check", str(data_dir)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
+    """`delayd check DIR --config F`: with the daemon's config, for its storage geometry."""
+    config = data_dir.parent / f"{data_dir.name}-check.toml"
+    config.write_text(CONFIG)
+    return subprocess.run([sys.executable, "-m", "broker", "check", str(data_dir), "--config", str(config)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
 
 
 @pytest.fixture
