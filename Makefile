@@ -39,7 +39,11 @@ format: install
 	$(PY) -m ruff check --fix broker storage client tests bench
 
 bench: install
+	$(PY) -m pip install -q -e '.[dev,bench]'
+	bash bench/install_peer.sh
 	$(PY) bench/storage_bench.py
+	$(PY) bench/keyindex_bench.py
+	$(PY) bench/daemon_vs_redis.py
 
 torture: install
 	DELAYD_TORTURE_CYCLES=500 $(PY) -m pytest -q -m torture tests/robustness
