@@ -85,6 +85,48 @@ def start_daemon(data_dir: Path, port: int, fsync: str, segment_mib: int | None)
         time.sleep(0.05)
 
 
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds of a process and all its descendants, including reaped children (psutil)."""
+    import psutil
+
+    total = 0.0
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += t.user + t.system + t.children_user + t.children_system
+    return total
+
+
+class CpuMeter:
+    """CPU seconds used by the daemon and by Spark (driver JVM and its Python workers) over a phase."""
+
+    def __init__(self, daemon_pid: int, spark_pid: int) -> None:
+        self.pids = {"daemon": daemon_pid, "spark": spark_pid}
+
+    def __enter__(self) -> CpuMeter:
+        self.start = {k: tree_cpu_s(p) for k, p in self.pids.items()}
+        self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.wall = time.perf_counter() - self.t0
+        self.used = {k: tree_cpu_s(p) - self.start[k] for k, p in self.pids.items()}
+
+    def summary(self, n: int) -> dict[str, float]:
+        out: dict[str, float] = {"wall_s": round(self.wall, 3)}
+        for k, v in self.used.items():
+            out[f"{k}_cpu_s"] = round(v, 2)
+            out[f"{k}_cpu_us_per_item"] = round(v / n * 1e6, 2)
+        return out
+
+
 def rows_df(spark: Any, n: int, first: int, keys: bool, tag: str) -> Any:
     from pyspark.sql import functions as F
 
@@ -102,6 +144,46 @@ def rows_df(spark: Any, n: int, first: int, keys: bool, tag: str) -> Any:
     return df.select(*cols)
 
 
+def daemon_alone(url: str, daemon_pid: int, n: int, keys: bool, batch: int) -> dict[str, Any]:
+    """The same rows produced by a bare client (pre-encoded msgpack, 2 connections): the daemon's ceiling."""
+    import http.client
+    import threading
+
+    import msgpack
+
+    u = url.split("//", 1)[1]
+    host, port = u.split(":")
+    payloads = []
+    for lo in range(0, n, batch):
+        msgs = []
+        for i in range(lo, min(lo + batch, n)):
+            m: dict[str, Any] = {"body": f"order {i} close-if-unpaid ".ljust(100, "x").encode(),
+                                 "delay_ms": 3_600_000 + (i * 7919) % (47 * 3_600_000), "tag": "bench"}
+            if keys:
+                m["key"] = f"alone-{i}"
+            msgs.append(m)
+        payloads.append(msgpack.packb({"messages": msgs}, use_bin_type=True))
+
+    def send(mine: list[bytes]) -> None:
+        conn = http.client.HTTPConnection(host, int(port), timeout=300)
+        for p in mine:
+            conn.request("POST", "/v1/topics/bench.alone/messages", p, {"Content-Type": "application/msgpack"})
+            r = conn.getresponse()
+            r.read()
+            assert r.status == 200, r.status
+        conn.close()
+
+    threads = [threading.Thread(target=send, args=(payloads[i::2],)) for i in range(2)]
+    c0, t0 = tree_cpu_s(daemon_pid), time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall, cpu = time.perf_counter() - t0, tree_cpu_s(daemon_pid) - c0
+    return {"rows": n, "seconds": round(wall, 3), "rows_per_s": round(n / wall),
+            "daemon_cpu_s": round(cpu, 2), "daemon_cpu_us_per_row": round(cpu / n * 1e6, 1)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=200_000, help="rows in the measured write")
@@ -113,11 +195,13 @@ def main() -> int:
     ap.add_argument("--segment-mib", type=int, default=None, help="daemon segment_bytes in MiB (default 64)")
     ap.add_argument("--no-verify", action="store_true", help="read without checking record CRCs")
     ap.add_argument("--runs", type=int, default=3, help="read runs (the best is reported)")
+    ap.add_argument("--no-ceiling", action="store_true", help="skip producing the rows with a bare client")
     ap.add_argument("--keep-dir", action="store_true")
     ap.add_argument("--json", default=str(ROOT / "bench" / "results" / "spark_bench.json"))
     args = ap.parse_args()
 
     os.environ.update({"SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable})
+    from pyspark import SparkContext
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
@@ -160,31 +244,31 @@ def main() -> int:
         keys = not args.no_keys
 
         # -- write ----------------------------------------------------------------------------
+        spark_pid = SparkContext._gateway.proc.pid  # the driver JVM; Python workers are its children
         write(rows_df(spark, 10_000, 0, keys, "warmup"), url, "bench.warmup", batch_size=args.batch_size)
         before = get_json(url + "/v1/stats")
         df = rows_df(spark, args.rows, 0, keys, "bench")
-        t0 = time.perf_counter()
-        rep = write(df, url, "bench.orders", batch_size=args.batch_size)
-        dt = time.perf_counter() - t0
+        with CpuMeter(proc.pid, spark_pid) as cpu:
+            rep = write(df, url, "bench.orders", batch_size=args.batch_size)
+        dt = cpu.wall
         after = get_json(url + "/v1/stats")
-        result["write"] = {
-            "rows": args.rows,
-            "keys": keys,
-            "batch_size": args.batch_size,
-            "seconds": round(dt, 3),
-            "rows_per_s": round(args.rows / dt),
-            "report": rep.__dict__,
-            "broker_produced": after["produced_total"] - before["produced_total"],
-        }
-        print(
-            f"write: {args.rows} rows in {dt:.2f} s = {args.rows / dt:,.0f} rows/s "
-            f"(keys={keys}, batch {args.batch_size}, {rep.requests} requests, {rep.retries} retries)",
-            flush=True,
-        )
+        result["write"] = {"rows": args.rows, "keys": keys, "batch_size": args.batch_size, "seconds": round(dt, 3),
+                           "rows_per_s": round(args.rows / dt), "report": rep.__dict__,
+                           "broker_produced": after["produced_total"] - before["produced_total"],
+                           "cpu": cpu.summary(args.rows)}
+        print(f"write: {args.rows} rows in {dt:.2f} s = {args.rows / dt:,.0f} rows/s "
+              f"(keys={keys}, batch {args.batch_size}, {rep.requests} requests, {rep.retries} retries); "
+              f"CPU per row: daemon {cpu.used['daemon'] / args.rows * 1e6:.1f} us, "
+              f"Spark {cpu.used['spark'] / args.rows * 1e6:.1f} us", flush=True)
         assert rep.scheduled == args.rows, rep
+        if not args.no_ceiling:
+            result["daemon_alone"] = daemon_alone(url, proc.pid, args.rows, keys, args.batch_size)
+            c = result["daemon_alone"]
+            print(f"daemon alone (pre-encoded msgpack, 2 connections, same rows): {c['rows_per_s']:,} rows/s; "
+                  f"daemon CPU {c['daemon_cpu_us_per_row']} us/row", flush=True)
 
         # -- top up and read ------------------------------------------------------------------
-        have = after["produced_total"]
+        have = get_json(url + "/v1/stats")["produced_total"]
         if have < args.read_records:
             t0 = time.perf_counter()
             write(
@@ -202,37 +286,22 @@ def main() -> int:
             "runs": [],
         }
         for run in range(args.runs):
-            rd = (
-                spark.read.format("delayd")
-                .option("verify", str(not args.no_verify).lower())
-                .load(str(data_dir))
-            )
-            t0 = time.perf_counter()
-            n = rd.count()
-            t_count = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            agg = (
-                rd.groupBy("topic", "record_type")
-                .agg(F.count("*").alias("n"), F.sum("body_size"), F.min("deliver_at"), F.max("deliver_at"))
-                .collect()
-            )
-            t_agg = time.perf_counter() - t0
+            rd = spark.read.format("delayd").option("verify", str(not args.no_verify).lower()).load(str(data_dir))
+            with CpuMeter(proc.pid, spark_pid) as c1:
+                n = rd.count()
+            with CpuMeter(proc.pid, spark_pid) as c2:
+                agg = (rd.groupBy("topic", "record_type")
+                       .agg(F.count("*").alias("n"), F.sum("body_size"), F.min("deliver_at"), F.max("deliver_at"))
+                       .collect())
             total = sum(r["n"] for r in agg)
             assert total == n, (total, n)
-            result["read"]["runs"].append(
-                {
-                    "records": n,
-                    "count_s": round(t_count, 3),
-                    "agg_s": round(t_agg, 3),
-                    "count_per_s": round(n / t_count),
-                    "agg_per_s": round(n / t_agg),
-                }
-            )
-            print(
-                f"read run {run + 1}: {n} records, {len(segs)} segments; count {t_count:.2f} s = "
-                f"{n / t_count:,.0f}/s; aggregation {t_agg:.2f} s = {n / t_agg:,.0f}/s",
-                flush=True,
-            )
+            result["read"]["runs"].append({"records": n, "count_s": round(c1.wall, 3), "agg_s": round(c2.wall, 3),
+                                           "count_per_s": round(n / c1.wall), "agg_per_s": round(n / c2.wall),
+                                           "count_cpu": c1.summary(n), "agg_cpu": c2.summary(n)})
+            print(f"read run {run + 1}: {n} records, {len(segs)} segments; count {c1.wall:.2f} s = "
+                  f"{n / c1.wall:,.0f}/s (Spark CPU {c1.used['spark'] / n * 1e6:.2f} us/record); aggregation "
+                  f"{c2.wall:.2f} s = {n / c2.wall:,.0f}/s (Spark CPU {c2.used['spark'] / n * 1e6:.2f} us/record)",
+                  flush=True)
         runs = result["read"]["runs"]
         result["read"]["best_count_per_s"] = max(r["count_per_s"] for r in runs)
         result["read"]["best_agg_per_s"] = max(r["agg_per_s"] for r in runs)

@@ -130,8 +130,9 @@ class Broker:
                 # waits for this write to end rather than racing it.
                 self._writing = loop.run_in_executor(None, self.store.finish_checkpoint, cp, fds)
                 await asyncio.shield(self._writing)
-            except OSError as e:
-                log.error("checkpoint failed: %s", e)
+            except Exception as e:  # disk full, I/O error, SQLite error: try again next round
+                log.error("checkpoint failed: %s: %s", type(e).__name__, e)
+                self.store.checkpoint_failed()
                 continue
             self.store.checkpoint_saved(cp)
             if time.monotonic() >= next_retention:

@@ -573,27 +573,28 @@ class DataDirReader(DataSourceReader):
             while True:
                 buf = os.pread(fd, size, pos)
                 full = len(buf) == size
-                starts, end, bad = _record_bounds(buf, self.verify)
+                starts, h, end, bad = _record_bounds(buf, self.verify)
                 last = _is_last(directory, seg.base)
-                if last and starts:
+                if last and len(starts):
                     # The segment the daemon appends to: an atomic batch is one write, so records
                     # of a batch whose end is not there yet are held back (and never shown if the
                     # batch stays unfinished).
-                    keep = _complete_prefix(buf, starts)
+                    keep = _complete_prefix(h)
                     if keep < len(starts):
-                        end = starts[keep]
-                        starts = starts[:keep]
-                if starts:
-                    yield self._commitlog_batch(buf, seg.base + pos, starts)
+                        end = int(starts[keep])
+                        starts, h = starts[:keep], h[:keep]
+                if len(starts):
+                    yield self._commitlog_batch(buf, seg.base + pos, starts, h)
                 pos += end
                 if not bad:
                     if full:
                         # a record (or held-back batch) larger than the buffer: read more at once
-                        size = self.chunk_bytes if starts else max(2 * size, _declared_length(buf, end))
+                        size = self.chunk_bytes if len(starts) else max(2 * size, _declared_length(buf, end))
                         continue
-                    if end == len(buf) or last:
-                        return  # the end of the file, or the tail the daemon is writing right now
-                # the bytes at `pos` are not a record: damage, or the live segment's unfinished tail
+                    if end == len(buf):
+                        return  # the end of the file
+                # The bytes at `pos` are not a whole record: damage (an intact record follows), or
+                # the tail the daemon is writing right now (nothing intact follows, live segment).
                 nxt = _resync(fd, pos, self.verify)
                 if nxt is None:
                     if not last:
@@ -612,10 +613,8 @@ class DataDirReader(DataSourceReader):
             raise DelaydSparkError(msg + " (on_damage=fail)")
         print(f"delayd spark reader: {msg}; skipped", file=sys.stderr)
 
-    def _commitlog_batch(self, buf: bytes, base: int, starts: list[int]) -> pa.RecordBatch:
+    def _commitlog_batch(self, buf: bytes, base: int, st: np.ndarray, h: np.ndarray) -> pa.RecordBatch:
         raw = np.frombuffer(buf, np.uint8)
-        st = np.array(starts, np.int64)
-        h = sliding_window_view(raw, HEADER_SIZE)[st].view(_HEADER).reshape(-1)
         if (h["version"] != RECORD_VERSION).any():
             bad = int(h["version"][h["version"] != RECORD_VERSION][0])
             raise DelaydSparkError(f"record format version {bad} is not supported (this reader knows "
@@ -698,49 +697,46 @@ def _declared_length(buf: bytes, i: int) -> int:
     return length if HEADER_SIZE <= length <= MAX_RECORD else HEADER_SIZE
 
 
-def _record_bounds(buf: bytes, verify: bool) -> tuple[list[int], int, bool]:
-    """Start of every whole record in `buf` from 0 on; where they end; whether the bytes there
-    are impossible as a record (as opposed to a record cut by the end of `buf`)."""
-    mv = memoryview(buf)
+def _record_bounds(buf: bytes, verify: bool) -> tuple[np.ndarray, np.ndarray, int, bool]:
+    """The whole records at the start of `buf`: (their offsets in `buf`, their headers, where they
+    end, whether the bytes there are impossible as a record rather than a record cut by the end of
+    `buf`). With `verify`, a record whose CRC does not match ends the run as impossible."""
     n = len(buf)
     pos = 0
     starts: list[int] = []
     ap = starts.append
-    unpack = struct.Struct(_LEN_CRC).unpack_from
-    crc32 = zlib.crc32
+    unpack = struct.Struct("<I").unpack_from
     bad = False
-    while pos + HEADER_SIZE <= n:
-        length, crc = unpack(buf, pos)
-        e = pos + length
+    while pos + HEADER_SIZE <= n:  # the length chain: the one inherently sequential part
+        (length,) = unpack(buf, pos)
         if length < HEADER_SIZE or length > MAX_RECORD:
             bad = True
             break
+        e = pos + length
         if e > n:
-            break
-        if verify and crc32(mv[pos + 8:e]) != crc:
-            bad = True
             break
         ap(pos)
         pos = e
-    if starts and not bad:
-        # The lengths inside a header must add up (checked here for all records at once).
-        raw = np.frombuffer(buf, np.uint8)
-        h = sliding_window_view(raw, HEADER_SIZE)[np.array(starts, np.int64)].view(_HEADER).reshape(-1)
-        total = (HEADER_SIZE + h["topic_len"].astype(np.int64) + h["tag_len"] + h["key_len"].astype(np.int64)
-                 + h["headers_len"] + h["body_len"].astype(np.int64))
-        wrong = np.nonzero(total != h["length"])[0]
-        if len(wrong):
-            k = int(wrong[0])
-            return starts[:k], starts[k], True
-    return starts, pos, bad
+    if not starts:
+        return np.zeros(0, np.int64), np.zeros(0, _HEADER), 0, bad
+    st = np.array(starts, np.int64)
+    h = sliding_window_view(np.frombuffer(buf, np.uint8), HEADER_SIZE)[st].view(_HEADER).reshape(-1)
+    ok = (HEADER_SIZE + h["topic_len"].astype(np.int64) + h["tag_len"] + h["key_len"].astype(np.int64)
+          + h["headers_len"] + h["body_len"].astype(np.int64)) == h["length"]
+    if verify:
+        crc32 = zlib.crc32
+        ends = starts[1:] + [pos]
+        ok &= np.array([crc32(buf[s + 8:e]) for s, e in zip(starts, ends, strict=True)], np.uint32) == h["crc"]
+    if not ok.all():
+        k = int(np.argmin(ok))
+        return st[:k], h[:k], starts[k], True
+    return st, h, pos, bad
 
 
-def _complete_prefix(buf: bytes, starts: list[int]) -> int:
+def _complete_prefix(h: np.ndarray) -> int:
     """How many of the records keep whole atomic batches (the last one kept has no CONTINUED flag)."""
-    i = len(starts)
-    while i > 0 and struct.unpack_from("<H", buf, starts[i - 1] + 10)[0] & FLAG_CONTINUED:
-        i -= 1
-    return i
+    done = np.nonzero((h["flags"] & FLAG_CONTINUED) == 0)[0]
+    return int(done[-1]) + 1 if len(done) else 0
 
 
 def _resync(fd: int, bad: int, verify: bool) -> int | None:
@@ -755,8 +751,8 @@ def _resync(fd: int, bad: int, verify: bool) -> int | None:
             continue
         if zlib.crc32(mv[j + 8:j + length]) != crc:
             continue
-        starts, _e, wrong = _record_bounds(bytes(mv[j:j + length]), verify)
-        if starts and not wrong:
+        starts, _h, _e, wrong = _record_bounds(bytes(mv[j:j + length]), verify)
+        if len(starts) and not wrong:
             return bad + j
     return None
 

@@ -37,17 +37,19 @@ KEYINDEX_VERSION = 1
 
 
 Op = tuple[str, Any]
+_MISS = object()
+_EMPTY: dict[str, Any] = {}
 
 
 class KeyIndex:
     """Reads answer at once; writes are queued and applied in one transaction per checkpoint.
 
     Produce must not wait for B-tree writes, so `put_many`, `release`, `delivered` and
-    `expire` only queue an operation and update `recent`, an overlay that lookups consult
-    first. `take_ops` (event-loop thread) hands the queue to `apply` (a worker thread, on its
-    own connection: SQLite does the B-tree work without the GIL), and `applied` drops the
-    overlay entries that the database now answers. The overlay holds at most one
-    checkpoint interval of writes.
+    `expire` only queue an operation and update an overlay that lookups consult first.
+    `take_ops` (event-loop thread) hands the queue to `apply` (a worker thread, on its own
+    connection: SQLite does the B-tree work without the GIL) and moves the overlay aside;
+    `applied` drops it once the database answers for it, or `requeue` puts the operations
+    back if the write failed. The overlay holds at most one or two checkpoint intervals.
     """
 
     def __init__(self, path: Path, cache_kib: int = 16384) -> None:
@@ -66,9 +68,10 @@ class KeyIndex:
         self.db.commit()
         self.writer = self._connect(cache_kib)
         self._ops: list[Op] = []
-        self._gen = 0
-        # (topic, key) -> (generation, (seq, deliver_at) or None when released)
-        self.recent: dict[tuple[str, str], tuple[int, tuple[int, int] | None]] = {}
+        # topic -> key -> (seq, deliver_at), or None when released; `_flushing` is the part
+        # being written by `apply`, `_current` what came after.
+        self._current: dict[str, dict[str, tuple[int, int] | None]] = {}
+        self._flushing: dict[str, dict[str, tuple[int, int] | None]] = {}
 
     def _connect(self, cache_kib: int) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, isolation_level="DEFERRED", check_same_thread=False)
@@ -92,12 +95,16 @@ class KeyIndex:
     def lookup_many(self, topic: str, keys: list[str]) -> dict[str, tuple[int, int, int | None]]:
         out: dict[str, tuple[int, int, int | None]] = {}
         ask = []
+        cur, old = self._current.get(topic, _EMPTY), self._flushing.get(topic, _EMPTY)
         for k in keys:
-            hit = self.recent.get((topic, k))
-            if hit is None:
-                ask.append(k)
-            elif hit[1] is not None:
-                out[k] = (hit[1][0], hit[1][1], None)
+            hit = cur.get(k, _MISS)
+            if hit is _MISS:
+                hit = old.get(k, _MISS)
+                if hit is _MISS:
+                    ask.append(k)
+                    continue
+            if hit is not None:
+                out[k] = (hit[0], hit[1], None)
         for i in range(0, len(ask), 900):  # SQLite's bound-parameter limit is generous; stay well under
             part = ask[i:i + 900]
             marks = ",".join("?" * len(part))
@@ -112,18 +119,26 @@ class KeyIndex:
         """(topic, key, seq, deliver_at): the message `seq` now holds the key."""
         if not rows:
             return
-        self._gen += 1
         self._ops.append(("put", rows))
+        cur = self._current
+        last_topic, d = None, None
         for topic, key, seq, deliver_at in rows:
-            self.recent[(topic, key)] = (self._gen, (seq, deliver_at))
+            if topic != last_topic:
+                d = cur.get(topic)
+                if d is None:
+                    d = cur[topic] = {}
+                last_topic = topic
+            d[key] = (seq, deliver_at)  # type: ignore[index]
 
     def release(self, topic: str, key: str, seq: int) -> None:
         """The key is free again (its message was cancelled)."""
-        self._gen += 1
         self._ops.append(("release", (topic, key, seq)))
-        cur = self.recent.get((topic, key))
-        if cur is None or cur[1] is None or cur[1][0] == seq:
-            self.recent[(topic, key)] = (self._gen, None)
+        d = self._current.setdefault(topic, {})
+        held = d.get(key, _MISS)
+        if held is _MISS:
+            held = self._flushing.get(topic, _EMPTY).get(key, _MISS)
+        if held is _MISS or held is None or held[0] == seq:  # type: ignore[index]
+            d[key] = None
 
     def delivered(self, rows: list[tuple[int, str, str, int]]) -> None:
         """(done_at, topic, key, seq): the message was delivered; the key stays taken for the
@@ -136,8 +151,19 @@ class KeyIndex:
         self._ops.append(("expire", before_ms))
 
     def take_ops(self) -> tuple[list[Op], int]:
+        """Hand the queued operations to `apply`; the overlay moves aside until `applied`."""
         ops, self._ops = self._ops, []
-        return ops, self._gen
+        if self._flushing:  # an earlier write failed and was requeued: keep its entries too
+            for topic, d in self._current.items():
+                self._flushing.setdefault(topic, {}).update(d)
+        else:
+            self._flushing = self._current
+        self._current = {}
+        return ops, 0
+
+    def requeue(self, ops: list[Op]) -> None:
+        """`apply` failed: the operations go back in front, to be written next time."""
+        self._ops[:0] = ops
 
     def apply(self, ops: list[Op], commit_pos: int) -> None:
         """Write queued operations and the log position they cover, atomically. Runs on the
@@ -156,11 +182,9 @@ class KeyIndex:
         w.execute("INSERT OR REPLACE INTO meta (name, value) VALUES ('commit_pos', ?)", (commit_pos,))
         w.commit()
 
-    def applied(self, generation: int) -> None:
-        """Drop overlay entries the database now holds (written at or before `generation`)."""
-        stale = [k for k, (gen, _v) in self.recent.items() if gen <= generation]
-        for k in stale:
-            del self.recent[k]
+    def applied(self, generation: int = 0) -> None:
+        """The database now holds what `take_ops` handed out: drop that part of the overlay."""
+        self._flushing = {}
 
     def commit(self, commit_pos: int) -> None:
         """Apply everything queued now, on this thread (recovery and shutdown)."""
@@ -173,7 +197,7 @@ class KeyIndex:
 
     def reset(self) -> None:
         self._ops.clear()
-        self.recent.clear()
+        self._current, self._flushing = {}, {}
         self.writer.execute("DELETE FROM keys")
         self.writer.execute("DELETE FROM meta")
         self.writer.commit()

@@ -647,6 +647,12 @@ class Store:
         fsync_all(fds)
         ckpt.save(self.dir / "checkpoint", cp)
 
+    def checkpoint_failed(self) -> None:
+        """The checkpoint was not written: key-index changes it carried are written next time."""
+        ops, _gen, _pos = self._key_ops
+        self.keys.requeue(ops)
+        self._key_ops = ([], 0, 0)
+
     def checkpoint_saved(self, cp: ckpt.Checkpoint) -> None:
         self.keys.applied(self._key_ops[1])
         self.read_time_ms = cp.read_time_ms
