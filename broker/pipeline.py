@@ -258,8 +258,9 @@ class DequeueGetMessage(Stage):
                 if isinstance(r, CorruptData):
                     # A damaged record (bit rot, a bad sector) loses that one message; letting
                     # the stage die would stop delivery of all of them, again at every restart.
-                    log.error("message %d: its commit-log record at %d is unreadable (%s: %s); dropped",
+                    log.error("message %d (seq): its commit-log record at %d is unreadable (%s: %s); dropped",
                               unit.seq, unit.commit_offset, type(r).__name__, r)
+                    self.store.drop_unreadable(unit)
                     self.unreadable += 1
                     r = None
                 if isinstance(r, Due):

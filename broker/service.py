@@ -7,6 +7,7 @@ event loop thread, so a check followed by a change (cancel vs. release) is atomi
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import re
 import time
@@ -214,6 +215,10 @@ class Broker:
                 seqs = store.append_messages(fresh, now, cancels)
             except StorageError as e:
                 raise errors.from_storage(e) from e
+            except OSError as e:  # ENOSPC on a derived file: the log write itself succeeded
+                if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                    raise errors.DiskFullError(f"disk full: {e}") from e
+                raise
             prefix = self._id_prefix
             for i, seq, m in zip(fresh_at, seqs, fresh, strict=True):
                 results[i] = Produced(prefix + format(seq, "x"), m.deliver_at)

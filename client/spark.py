@@ -28,10 +28,12 @@ import dataclasses
 import http.client
 import json
 import os
+import queue
 import random
 import struct
 import sys
 import tempfile
+import threading
 import time
 import urllib.parse
 import zlib
@@ -300,6 +302,46 @@ def _decode_error(status: int, data: bytes) -> tuple[str, str, int | None]:
     return f"http_{status}", data[:200].decode(errors="replace"), None
 
 
+class _Sender:
+    """Sends one partition's requests, in order, from a background thread: the next batch is built
+    while the broker works on (and fsyncs) the previous one. The first failure stops the sending
+    and is raised in the task's thread."""
+
+    def __init__(self, send: Any, depth: int = 2) -> None:
+        self.send = send
+        self.queue: queue.Queue[tuple[Any, ...] | None] = queue.Queue(maxsize=depth)
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="delayd-spark-sender", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            item = self.queue.get()
+            if item is None:
+                return
+            if self.error is None:
+                try:
+                    self.send(*item)
+                except BaseException as e:  # handed to the task's thread
+                    self.error = e
+
+    def put(self, *item: Any) -> None:
+        if self.error is not None:
+            raise self.error
+        self.queue.put(item)
+
+    def finish(self) -> None:
+        """Wait until everything was sent; raise the first failure."""
+        self.stop()
+        if self.error is not None:
+            raise self.error
+
+    def stop(self) -> None:
+        if self.thread.is_alive():
+            self.queue.put(None)
+            self.thread.join()
+
+
 class ScheduleWriter(DataSourceArrowWriter):
     """Turns Arrow record batches into produce requests, `batch_size` messages each."""
 
@@ -327,21 +369,25 @@ class ScheduleWriter(DataSourceArrowWriter):
         started = time.monotonic()
         # topic -> (row indexes, messages) not yet sent
         pending: dict[str, tuple[list[int], list[dict[str, Any]]]] = {}
+        bs = self.batch_size
         row = 0
+        sender = _Sender(self._send)
         try:
             for batch in iterator:
                 for topic, rows, msgs in self._messages(batch, row):
                     buf = pending.setdefault(topic, ([], []))
                     buf[0].extend(rows)
                     buf[1].extend(msgs)
-                    while len(buf[1]) >= self.batch_size:
-                        self._send(topic, buf[0][:self.batch_size], buf[1][:self.batch_size])
-                        del buf[0][:self.batch_size], buf[1][:self.batch_size]
+                    while len(buf[1]) >= bs:
+                        sender.put(topic, buf[0][:bs], buf[1][:bs])
+                        del buf[0][:bs], buf[1][:bs]
                 row += batch.num_rows
             for topic, (rows, msgs) in pending.items():
-                for i in range(0, len(msgs), self.batch_size):
-                    self._send(topic, rows[i:i + self.batch_size], msgs[i:i + self.batch_size])
+                for i in range(0, len(msgs), bs):
+                    sender.put(topic, rows[i:i + bs], msgs[i:i + bs])
+            sender.finish()
         finally:
+            sender.stop()
             self._http.close()
         self._report.rows = row
         self._report.seconds = time.monotonic() - started

@@ -212,6 +212,9 @@ class MessageTable:
             finally:
                 os.close(fd)
 
+    def mark_all_dirty(self) -> None:
+        self._dirty.update(self._fds)
+
     def dirty_handles(self) -> list[int]:
         """Duplicated fds of segments written since the last call (fsync them anywhere)."""
         fds = [os.dup(self._fds[seg]) for seg in self._dirty if seg in self._fds]

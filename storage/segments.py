@@ -199,6 +199,10 @@ class SegmentedFile:
         written again, so a later fsync covers what the failed one did not."""
         self._dirty.add(self._write_base)
 
+    def mark_all_dirty(self) -> None:
+        """Every segment counts as written: the next fsync covers them all."""
+        self._dirty.update(self._bases)
+
     def flush(self) -> None:
         """fsync every segment written since the last flush."""
         fsync_all(self.dirty_handles())

@@ -648,10 +648,25 @@ class Store:
         ckpt.save(self.dir / "checkpoint", cp)
 
     def checkpoint_failed(self) -> None:
-        """The checkpoint was not written: key-index changes it carried are written next time."""
+        """The checkpoint was not written: what it was to make durable is fsynced next time
+        (every file it collected is dirty again) and its key-index changes are requeued."""
         ops, _gen, _pos = self._key_ops
         self.keys.requeue(ops)
         self._key_ops = ([], 0, 0)
+        for files in (self.commit.files, self.timers.log.files, *(q.files for q in self.ready.values())):
+            files.mark_all_dirty()
+        self.msgs.mark_all_dirty()
+
+    def drop_unreadable(self, unit: Unit) -> None:
+        """A unit whose record no longer decodes (disk damage): that one message is lost. It
+        leaves the schedule as cancelled, so counts stay true and a GET tells it is gone."""
+        st = self.msgs.get(unit.seq)[0]
+        if st == MessageState.SCHEDULED:
+            self.msgs.set_state(unit.seq, MessageState.CANCELLED)
+            topic = self.topic_names.get(unit.topic_hash)
+            if topic is not None:
+                self._count(topic, "scheduled", -1)
+            self.totals["unreadable"] = self.totals.get("unreadable", 0) + 1
 
     def checkpoint_saved(self, cp: ckpt.Checkpoint) -> None:
         self.keys.applied(self._key_ops[1])
