@@ -25,6 +25,13 @@ def _post(url: str, body: dict, timeout: float = 5) -> dict | None:
 
 def test_kill9_during_produce_and_delivery(tmp_path):
     d = DaemonProcess(tmp_path / "data").start()
+    try:
+        _torture_once(d)
+    finally:
+        d.kill9()
+
+
+def _torture_once(d: DaemonProcess) -> None:
     answered: dict[str, int] = {}
     stop = threading.Event()
 

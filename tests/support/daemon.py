@@ -41,6 +41,9 @@ def wait_until(predicate: Callable[[], Any], timeout_s: float = 10.0, interval_s
         time.sleep(interval_s)
 
 
+STARTED: list[DaemonProcess] = []  # every daemon a test started; tests/conftest.py reaps leftovers
+
+
 class DaemonProcess:
     """One `delayd serve` process with its own data directory and port.
 
@@ -78,6 +81,7 @@ class DaemonProcess:
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
         self.proc = subprocess.Popen(self.command(), cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         log.close()
+        STARTED.append(self)
         if wait_ready:
             self.wait_ready(timeout_s)
         return self
