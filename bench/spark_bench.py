@@ -112,19 +112,39 @@ class CpuMeter:
 
     def __enter__(self) -> CpuMeter:
         self.start = {k: tree_cpu_s(p) for k, p in self.pids.items()}
+        self.start["bench"] = own_cpu_s()
+        self.machine0 = machine_busy_s()
         self.t0 = time.perf_counter()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.wall = time.perf_counter() - self.t0
         self.used = {k: tree_cpu_s(p) - self.start[k] for k, p in self.pids.items()}
+        busy = machine_busy_s() - self.machine0
+        ours = sum(self.used.values()) + own_cpu_s() - self.start["bench"]
+        self.others_share = max(0.0, busy - ours) / (self.wall * (os.cpu_count() or 1))
 
     def summary(self, n: int) -> dict[str, float]:
-        out: dict[str, float] = {"wall_s": round(self.wall, 3)}
+        out: dict[str, float] = {"wall_s": round(self.wall, 3), "others_cpu_share": round(self.others_share, 3)}
         for k, v in self.used.items():
             out[f"{k}_cpu_s"] = round(v, 2)
             out[f"{k}_cpu_us_per_item"] = round(v / n * 1e6, 2)
         return out
+
+
+def machine_busy_s() -> float:
+    import psutil
+
+    t = psutil.cpu_times()
+    return float(t.user + t.nice + t.system + t.irq + t.softirq + t.steal)
+
+
+def own_cpu_s() -> float:
+    """This (driver) process, without its children (the JVM is measured as the Spark tree)."""
+    import psutil
+
+    t = psutil.Process().cpu_times()
+    return float(t.user + t.system)
 
 
 def rows_df(spark: Any, n: int, first: int, keys: bool, tag: str) -> Any:
@@ -189,7 +209,7 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=200_000, help="rows in the measured write")
     ap.add_argument("--read-records", type=int, default=1_000_000, help="commit-log records to read")
     ap.add_argument("--no-keys", action="store_true", help="write rows without keys")
-    ap.add_argument("--batch-size", type=int, default=5000)
+    ap.add_argument("--batch-size", type=int, default=10_000)
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--fsync", default="always", choices=["always", "interval", "never"])
     ap.add_argument("--segment-mib", type=int, default=None, help="daemon segment_bytes in MiB (default 64)")
@@ -259,7 +279,8 @@ def main() -> int:
         print(f"write: {args.rows} rows in {dt:.2f} s = {args.rows / dt:,.0f} rows/s "
               f"(keys={keys}, batch {args.batch_size}, {rep.requests} requests, {rep.retries} retries); "
               f"CPU per row: daemon {cpu.used['daemon'] / args.rows * 1e6:.1f} us, "
-              f"Spark {cpu.used['spark'] / args.rows * 1e6:.1f} us", flush=True)
+              f"Spark {cpu.used['spark'] / args.rows * 1e6:.1f} us; other processes "
+              f"{cpu.others_share:.0%} of the CPUs", flush=True)
         assert rep.scheduled == args.rows, rep
         if not args.no_ceiling:
             result["daemon_alone"] = daemon_alone(url, proc.pid, args.rows, keys, args.batch_size)
@@ -300,8 +321,8 @@ def main() -> int:
                                            "count_cpu": c1.summary(n), "agg_cpu": c2.summary(n)})
             print(f"read run {run + 1}: {n} records, {len(segs)} segments; count {c1.wall:.2f} s = "
                   f"{n / c1.wall:,.0f}/s (Spark CPU {c1.used['spark'] / n * 1e6:.2f} us/record); aggregation "
-                  f"{c2.wall:.2f} s = {n / c2.wall:,.0f}/s (Spark CPU {c2.used['spark'] / n * 1e6:.2f} us/record)",
-                  flush=True)
+                  f"{c2.wall:.2f} s = {n / c2.wall:,.0f}/s (Spark CPU {c2.used['spark'] / n * 1e6:.2f} us/record); "
+                  f"other processes {max(c1.others_share, c2.others_share):.0%} of the CPUs", flush=True)
         runs = result["read"]["runs"]
         result["read"]["best_count_per_s"] = max(r["count_per_s"] for r in runs)
         result["read"]["best_agg_per_s"] = max(r["agg_per_s"] for r in runs)

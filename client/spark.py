@@ -69,7 +69,8 @@ from pyspark.sql.types import (
 
 FORMAT = "delayd"
 DEFAULT_URL = "http://127.0.0.1:7070"
-DEFAULT_BATCH = 5000
+DEFAULT_BATCH = 10_000
+DEFAULT_BATCH_BYTES = 8 << 20  # the broker takes requests up to max_request_bytes (default 64 MiB)
 MAX_BATCH = 10_000  # the broker's per-request limit (API.md)
 IDLE_RECONNECT_S = 20.0  # open a fresh connection rather than reuse one idle this long
 
@@ -86,15 +87,17 @@ class DelaydSparkError(Exception):
 
 
 class DelaydWriteError(DelaydSparkError):
-    """The broker refused a batch. `row` is the refused row's 0-based index within its Spark
-    partition (None when the refusal concerns the whole request)."""
+    """The broker refused a batch (or could not be reached). `row` is the refused row's 0-based index
+    within its Spark partition (None when the refusal concerns the whole request: see `rows`)."""
 
     def __init__(self, code: str, message: str, *, partition: int, row: int | None,
                  rows: tuple[int, int] | None = None, topic: str = "", status: int = 0) -> None:
         self.code, self.partition, self.row, self.topic, self.status = code, partition, row, topic, status
+        self.rows = rows
         where = (f"row {row} of partition {partition}" if row is not None
                  else f"rows {rows[0]}..{rows[1]} of partition {partition}" if rows else f"partition {partition}")
-        super().__init__(f"delayd rejected {where} (topic {topic!r}): {code}: {message}"
+        verb = "could not send" if code == "connection_failed" else "rejected"
+        super().__init__(f"delayd {verb} {where} (topic {topic!r}): {code}: {message}"
                          + (f" [HTTP {status}]" if status else ""))
 
 
@@ -343,13 +346,15 @@ class _Sender:
 
 
 class ScheduleWriter(DataSourceArrowWriter):
-    """Turns Arrow record batches into produce requests, `batch_size` messages each."""
+    """Turns Arrow record batches into produce requests of at most `batch_size` messages and about
+    `batch_bytes` bytes each."""
 
     def __init__(self, options: dict[str, str], schema: StructType) -> None:
         self.url = _opt(options, "url", DEFAULT_URL) or DEFAULT_URL
         self.topic = _opt(options, "topic")
         self.token = _opt(options, "token")
         self.batch_size = _int_opt(options, "batch_size", DEFAULT_BATCH, 1, MAX_BATCH)
+        self.batch_bytes = _int_opt(options, "batch_bytes", DEFAULT_BATCH_BYTES, 1024, 1 << 30)
         self.max_retries = _int_opt(options, "max_retries", 10, 0, 1000)
         self.timeout_s = float(_int_opt(options, "timeout_ms", 120_000, 100, 3_600_000)) / 1000
         self.replace = _bool_opt(options, "replace", False)
@@ -367,24 +372,35 @@ class ScheduleWriter(DataSourceArrowWriter):
         self._http = _Http(self.url, self.token, self.timeout_s)
         self._report = WriteReport(partitions=1)
         started = time.monotonic()
-        # topic -> (row indexes, messages) not yet sent
-        pending: dict[str, tuple[list[int], list[dict[str, Any]]]] = {}
-        bs = self.batch_size
+        # topic -> (row indexes, messages, their approximate encoded sizes) not yet sent
+        pending: dict[str, tuple[list[int], list[dict[str, Any]], list[int]]] = {}
+        bs, limit = self.batch_size, self.batch_bytes
         row = 0
         sender = _Sender(self._send)
+
+        def send_some(topic: str, rows: list[int], msgs: list[dict[str, Any]], sizes: list[int]) -> None:
+            k, total = 0, 0
+            for size in sizes[:bs]:
+                if k and total + size > limit:
+                    break
+                total += size
+                k += 1
+            sender.put(topic, rows[:k], msgs[:k])
+            del rows[:k], msgs[:k], sizes[:k]
+
         try:
             for batch in iterator:
-                for topic, rows, msgs in self._messages(batch, row):
-                    buf = pending.setdefault(topic, ([], []))
+                for topic, rows, msgs, sizes in self._messages(batch, row):
+                    buf = pending.setdefault(topic, ([], [], []))
                     buf[0].extend(rows)
                     buf[1].extend(msgs)
-                    while len(buf[1]) >= bs:
-                        sender.put(topic, buf[0][:bs], buf[1][:bs])
-                        del buf[0][:bs], buf[1][:bs]
+                    buf[2].extend(sizes)
+                    while len(buf[1]) >= bs or sum(buf[2]) >= limit:
+                        send_some(topic, *buf)
                 row += batch.num_rows
-            for topic, (rows, msgs) in pending.items():
-                for i in range(0, len(msgs), bs):
-                    sender.put(topic, rows[i:i + bs], msgs[i:i + bs])
+            for topic, buf in pending.items():
+                while buf[1]:
+                    send_some(topic, *buf)
             sender.finish()
         finally:
             sender.stop()
@@ -394,14 +410,16 @@ class ScheduleWriter(DataSourceArrowWriter):
         return ScheduleCommit(self._report)
 
     def _messages(self, batch: pa.RecordBatch, first_row: int) \
-            -> Iterator[tuple[str, list[int], list[dict[str, Any]]]]:
-        """(topic, row indexes, message objects) groups for one Arrow batch."""
+            -> Iterator[tuple[str, list[int], list[dict[str, Any]], list[int]]]:
+        """(topic, row indexes, message objects, approximate encoded sizes) groups for one Arrow batch."""
         n = batch.num_rows
         cols = {name: batch.column(i) for i, name in enumerate(batch.schema.names)}
         body_col = cols["body"]
         if pa.types.is_string(body_col.type) or pa.types.is_large_string(body_col.type):
             body_col = body_col.cast(pa.large_binary())
         bodies = body_col.to_pylist()
+        # body bytes plus room for the key (<= 256), tag (<= 128) and the field names
+        sizes = pc.add(pc.binary_length(body_col).fill_null(0), 512).to_pylist()
         fields: list[tuple[str, list[Any]]] = []
         if "delay_ms" in cols:
             fields.append(("delay_ms", cols["delay_ms"].cast(pa.int64()).to_pylist()))
@@ -413,7 +431,7 @@ class ScheduleWriter(DataSourceArrowWriter):
         headers = cols["headers"].to_pylist() if "headers" in cols else None
         topics = cols["topic"].to_pylist() if "topic" in cols else None
         keyed_replace = self.replace
-        groups: dict[str, tuple[list[int], list[dict[str, Any]]]] = {}
+        groups: dict[str, tuple[list[int], list[dict[str, Any]], list[int]]] = {}
         for j in range(n):
             body = bodies[j]
             if body is None:
@@ -424,8 +442,10 @@ class ScheduleWriter(DataSourceArrowWriter):
                 v = values[j]
                 if v is not None:
                     m[name] = v
+            size = sizes[j]
             if headers is not None and headers[j] is not None:
                 m["headers"] = dict(headers[j])
+                size += sum(len(k) + len(v or "") + 4 for k, v in headers[j])
             if keyed_replace and "key" in m:
                 m["replace"] = True
             topic = (topics[j] if topics is not None else None) or self.topic
@@ -434,11 +454,12 @@ class ScheduleWriter(DataSourceArrowWriter):
                                        "option is set", partition=self._partition, row=first_row + j)
             g = groups.get(topic)
             if g is None:
-                g = groups[topic] = ([], [])
+                g = groups[topic] = ([], [], [])
             g[0].append(first_row + j)
             g[1].append(m)
-        for topic, (rows, msgs) in groups.items():
-            yield topic, rows, msgs
+            g[2].append(size)
+        for topic, (rows, msgs, msg_sizes) in groups.items():
+            yield topic, rows, msgs, msg_sizes
 
     def _send(self, topic: str, rows: list[int], msgs: list[dict[str, Any]]) -> None:
         payload = msgpack.packb({"messages": msgs}, use_bin_type=True)
@@ -508,7 +529,7 @@ class ScheduleWriter(DataSourceArrowWriter):
 def write(df: Any, url: str = DEFAULT_URL, topic: str | None = None, **options: Any) -> WriteReport:
     """`df.write.format("delayd")...save()` that returns what the job did.
 
-    `options` are the format's options (batch_size, token, replace, max_retries, timeout_ms).
+    `options` are the format's options (batch_size, batch_bytes, token, replace, max_retries, timeout_ms).
     """
     with tempfile.TemporaryDirectory(prefix="delayd-spark-") as d:
         path = os.path.join(d, "report.json")
@@ -661,10 +682,6 @@ class DataDirReader(DataSourceReader):
 
     def _commitlog_batch(self, buf: bytes, base: int, st: np.ndarray, h: np.ndarray) -> pa.RecordBatch:
         raw = np.frombuffer(buf, np.uint8)
-        if (h["version"] != RECORD_VERSION).any():
-            bad = int(h["version"][h["version"] != RECORD_VERSION][0])
-            raise DelaydSparkError(f"record format version {bad} is not supported (this reader knows "
-                                   f"version {RECORD_VERSION}); upgrade client/spark.py")
         tl = h["topic_len"].astype(np.int64)
         gl = h["tag_len"].astype(np.int64)
         kl = h["key_len"].astype(np.int64)
@@ -769,10 +786,18 @@ def _record_bounds(buf: bytes, verify: bool) -> tuple[np.ndarray, np.ndarray, in
     h = sliding_window_view(np.frombuffer(buf, np.uint8), HEADER_SIZE)[st].view(_HEADER).reshape(-1)
     ok = (HEADER_SIZE + h["topic_len"].astype(np.int64) + h["tag_len"] + h["key_len"].astype(np.int64)
           + h["headers_len"] + h["body_len"].astype(np.int64)) == h["length"]
+    intact = ok
     if verify:
         crc32 = zlib.crc32
         ends = starts[1:] + [pos]
-        ok &= np.array([crc32(buf[s + 8:e]) for s, e in zip(starts, ends, strict=True)], np.uint32) == h["crc"]
+        intact = np.array([crc32(buf[s + 8:e]) for s, e in zip(starts, ends, strict=True)], np.uint32) == h["crc"]
+        ok = ok & intact
+    newer = intact & (h["version"] != RECORD_VERSION)
+    if newer.any():
+        # An intact record of another format version: never skip those as if damaged.
+        version = int(h["version"][np.argmax(newer)])
+        raise DelaydSparkError(f"commit-log record format version {version} is not supported (this reader "
+                               f"knows version {RECORD_VERSION}); upgrade client/spark.py")
     if not ok.all():
         k = int(np.argmin(ok))
         return st[:k], h[:k], starts[k], True

@@ -78,7 +78,8 @@ def main() -> int:
         try:
             report = write(messages, args.url, args.topic, **options)
         except Exception as e:  # the Spark job failed; the broker's reason is in the message
-            reason = next((line for line in str(e).splitlines() if "delayd rejected" in line), str(e)[-2000:])
+            reason = next((line for line in str(e).splitlines()
+                           if "delayd rejected" in line or "delayd could not send" in line), str(e)[-2000:])
             print(f"failed: {reason.strip()}", file=sys.stderr)
             return 1
         print(f"orders: {report.rows}")

@@ -1,7 +1,7 @@
 """A real local SparkSession for the Spark connector tests (session-scoped: one JVM for all).
 
-Spark needs Java 17+ and the `spark` extra (`pyspark>=4.0`, pyarrow, numpy); without pyspark these
-tests are skipped, not failed.
+Spark needs Java 17+ and the `spark` extra (`pyspark>=4.0`, pyarrow, numpy); without pyspark or
+without java these tests are skipped, not failed.
 
 Starting Spark's JVM is most of these tests' time (about 30 s of CPU on a small machine, class
 loading and JIT). Two things cut it: C1-only JIT (`TieredStopAtLevel=1`, fine for short jobs) and a
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -26,6 +27,8 @@ import pytest
 pytest.importorskip("pyspark", minversion="4.0")
 pytest.importorskip("pyarrow")
 pytest.importorskip("numpy")
+if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+    pytest.skip("Spark needs Java 17+ (no java on PATH, no JAVA_HOME)", allow_module_level=True)
 
 from tests.support.daemon import DaemonProcess  # noqa: E402
 
@@ -33,7 +36,7 @@ from tests.support.daemon import DaemonProcess  # noqa: E402
 JVM_QUIET = "-Xlog:disable -Xlog:all=error:stderr"
 TEST_JAVA_OPTIONS = f"-XX:TieredStopAtLevel=1 -XX:+UseParallelGC {JVM_QUIET}"
 
-_archive: dict[str, Path] = {}  # "path": where this JVM/pyspark pair's archive lives
+_archive: dict[str, Path | None] = {}  # "path": where this JVM/pyspark pair's archive lives
 
 
 def spark_env() -> dict[str, str]:
@@ -41,20 +44,28 @@ def spark_env() -> dict[str, str]:
     return {"SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
 
 
-def archive_path(config: pytest.Config) -> Path:
+def archive_path(config: pytest.Config) -> Path | None:
+    """None without pytest's cache (`-p no:cacheprovider`): then no archive is used or made."""
     if "path" not in _archive:
         import pyspark
 
-        java = subprocess.run(["java", "-version"], capture_output=True, text=True, timeout=60).stderr
+        cache = getattr(config, "cache", None)
+        if cache is None:
+            _archive["path"] = None
+            return None
+
+        home = os.environ.get("JAVA_HOME")
+        exe = os.path.join(home, "bin", "java") if home else "java"
+        java = subprocess.run([exe, "-version"], capture_output=True, text=True, timeout=60).stderr
         key = hashlib.sha256(f"{java}|{pyspark.__version__}|{pyspark.__file__}".encode()).hexdigest()[:16]
-        _archive["path"] = Path(config.cache.mkdir("delayd-spark-cds")) / f"spark-{key}.jsa"
+        _archive["path"] = Path(cache.mkdir("delayd-spark-cds")) / f"spark-{key}.jsa"
     return _archive["path"]
 
 
 def java_options(config: pytest.Config) -> str:
     """JVM options for a test Spark driver: with the class archive once there is one."""
     path = archive_path(config)
-    return f"{TEST_JAVA_OPTIONS} -XX:SharedArchiveFile={path}" if path.is_file() else TEST_JAVA_OPTIONS
+    return f"{TEST_JAVA_OPTIONS} -XX:SharedArchiveFile={path}" if path and path.is_file() else TEST_JAVA_OPTIONS
 
 
 @pytest.fixture(scope="session")
@@ -68,7 +79,7 @@ def spark(pytestconfig: pytest.Config) -> Iterator[Any]:
     archive = archive_path(pytestconfig)
     recording = None
     options = java_options(pytestconfig)
-    if not archive.is_file():
+    if archive is not None and not archive.is_file():
         recording = archive.with_name(f"{archive.name}.{os.getpid()}.tmp")
         options += f" -XX:ArchiveClassesAtExit={recording}"
     session = (SparkSession.builder.master("local[2]").appName("delayd-tests")
@@ -91,7 +102,7 @@ def spark(pytestconfig: pytest.Config) -> Iterator[Any]:
         rc = gateway.proc.wait(180)
         SparkContext._gateway = None
         SparkContext._jvm = None
-        if rc == 0 and recording.is_file():
+        if rc == 0 and recording.is_file() and archive is not None:
             os.replace(recording, archive)
         else:
             recording.unlink(missing_ok=True)

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import shutil
+import struct
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pyspark.sql.types import LongType, StructField, StructType
 
+from client.spark import DataDirReader, DelaydSparkError
 from storage.commitlog import CommitLog, RecordType
 from tests.support.daemon import DaemonProcess, wait_until
 
@@ -201,6 +205,21 @@ def test_damaged_record_is_skipped_or_fails(spark: Any, filled: tuple[DaemonProc
     with pytest.raises(Exception, match="damaged commit log"):
         spark.read.format("delayd").option("on_damage", "fail").load(str(copy)).count()
     assert spark.read.format("delayd").option("verify", "false").load(str(copy)).count() == len(offsets)
+
+
+def test_a_newer_record_version_is_refused_not_skipped(filled: tuple[DaemonProcess, Fill], tmp_path: Path) -> None:
+    d, _ = filled
+    shutil.copytree(d.data_dir / "commitlog", tmp_path / "commitlog")
+    seg = tmp_path / "commitlog" / segment_files(d)[0].name
+    raw = bytearray(seg.read_bytes())
+    (length,) = struct.unpack_from("<I", raw, 0)
+    raw[8] = 2  # the first record's version byte, with a CRC that matches again
+    struct.pack_into("<I", raw, 4, zlib.crc32(raw[8:length]))
+    seg.write_bytes(bytes(raw))
+    reader = DataDirReader({"path": str(tmp_path)}, StructType([StructField("offset", LongType())]))
+    with pytest.raises(DelaydSparkError, match="record format version 2 is not supported"):
+        for part in reader.partitions():
+            list(reader.read(part))
 
 
 def test_not_a_data_directory(spark: Any, tmp_path: Path) -> None:

@@ -98,6 +98,13 @@ def test_batches_are_msgpack_with_binary_bodies(server: Scripted) -> None:
     assert first["body"]["messages"][0] == {"body": b"b0", "key": "k0"}
 
 
+def test_requests_are_also_cut_by_bytes(server: Scripted) -> None:
+    big = pa.record_batch([pa.array(["x" * 300] * 5), pa.array([f"k{i}" for i in range(5)])], names=["body", "key"])
+    commit = writer(server.url, batch_bytes="2048").write(iter([big]))  # ~812 bytes a message
+    assert [len(r["body"]["messages"]) for r in server.requests] == [2, 2, 1]
+    assert commit.report.scheduled == 5
+
+
 @pytest.mark.parametrize("status,code", [(503, "unavailable"), (429, "backpressure")])
 def test_keyed_batch_is_retried(server: Scripted, status: int, code: str) -> None:
     server.script = [(status, err(code), {}), (status, err(code), {})]
