@@ -25,20 +25,6 @@ from tests.support.daemon import DaemonProcess, wait_until
 CLOCK_SLACK_MS = 20
 
 
-@pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory):
-    d = DaemonProcess(tmp_path_factory.mktemp("consume") / "data").start()
-    yield d
-    code = d.stop()
-    daemon_log_clean(d)
-    assert code == 0, d.log_tail()
-
-
-@pytest.fixture
-def api(daemon: DaemonProcess) -> Api:
-    return Api(daemon)
-
-
 @pytest.fixture
 def topic(request: pytest.FixtureRequest) -> str:
     return ("t-" + re.sub(r"[^A-Za-z0-9_-]", "-", request.node.name))[:128]

@@ -32,20 +32,6 @@ STAGES = {"enqueue_get", "enqueue_put", "dequeue_get", "dequeue_get_message", "d
 
 
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory):
-    d = DaemonProcess(tmp_path_factory.mktemp("observe") / "data").start()
-    yield d
-    code = d.stop()
-    daemon_log_clean(d)
-    assert code == 0, d.log_tail()
-
-
-@pytest.fixture
-def api(daemon: DaemonProcess) -> Api:
-    return Api(daemon)
-
-
-@pytest.fixture(scope="module")
 def spec(daemon: DaemonProcess) -> dict[str, Any]:
     return ok(Api(daemon).call("GET", "/openapi.json"))
 

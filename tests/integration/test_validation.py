@@ -24,22 +24,6 @@ MIB = 1024 * 1024
 SUB = "/v1/topics/v/subscriptions/g"
 
 
-@pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory):
-    d = DaemonProcess(tmp_path_factory.mktemp("validation") / "data").start()
-    yield d
-    # Whatever was thrown at it, the daemon still serves, logged no 500 and shuts down cleanly.
-    assert call(d, "GET", "/healthz").status == 200
-    code = d.stop()
-    daemon_log_clean(d)
-    assert code == 0, d.log_tail()
-
-
-@pytest.fixture
-def api(daemon: DaemonProcess) -> Api:
-    return Api(daemon)
-
-
 def produced_in(api: Api, topic: str) -> int:
     return int(api.stats()["topics"].get(topic, {}).get("produced_total", 0))
 

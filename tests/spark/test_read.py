@@ -47,7 +47,7 @@ class Fill:
             for m, r in zip(msgs, produce(d, topic, msgs), strict=True):
                 self.ids[r["id"]] = {**m, "topic": topic}
         some = list(self.ids)
-        self.cancelled_by_id = some[:10:2]
+        self.cancelled_by_id = some[:10:3]  # with and without keys
         for mid in self.cancelled_by_id:
             assert d.request("DELETE", f"/v1/messages/{mid}")[0] == 200
         self.cancelled_key = "k-1-7"
@@ -102,6 +102,9 @@ def test_records_match_what_was_produced(spark: Any, filled: tuple[DaemonProcess
     cancels = [r for r in rows if r["record_type"] == "cancel"]
     assert sorted(r["id"] for r in cancels) == sorted(fill.cancelled_by_id + [fill.cancelled_key_id])
     assert [r["key"] for r in cancels if r["id"] == fill.cancelled_key_id] == [fill.cancelled_key]
+    assert {r["id"]: r["key"] for r in cancels if r["id"] in fill.cancelled_by_id} == \
+        {i: fill.ids[i].get("key") for i in fill.cancelled_by_id}
+    assert any(fill.ids[i].get("key") for i in fill.cancelled_by_id)
     assert all(r["deliver_at"] is None and r["body_size"] == 0 for r in cancels)
     groups = [r for r in rows if r["record_type"] == "group"]
     assert [(g["topic"], g["key"], g["id"]) for g in groups] == [("r.orders", "spark-readers", None)]
