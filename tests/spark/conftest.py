@@ -3,12 +3,14 @@
 Spark needs Java 17+ and the `spark` extra (`pyspark>=4.0`, pyarrow, numpy); without pyspark or
 without java these tests are skipped, not failed.
 
-Starting Spark's JVM is most of these tests' time (about 30 s of CPU on a small machine, class
-loading and JIT). Two things cut it: C1-only JIT (`TieredStopAtLevel=1`, fine for short jobs) and a
-class-data-sharing archive of the classes Spark loads. The first session records the archive when
-its JVM exits (`-XX:ArchiveClassesAtExit`, kept in pytest's cache dir, `.pytest_cache/d/`); later JVMs
-(next runs, and the example subprocesses) map it. A stale or mismatched archive is ignored by the
-JVM (`-Xshare:auto`), so the worst case is the slow start.
+Starting Spark's JVM is a good part of these tests' time (class loading and JIT: ~15 s of CPU per
+JVM here, three JVMs: this session and the two example subprocesses). C1-only JIT
+(`TieredStopAtLevel=1`, fine for short jobs) is always on. With `DELAYD_SPARK_CDS=1` the tests also
+use a class-data-sharing archive of the classes Spark loads, which makes each JVM start 2-3x faster:
+the first such session records it when its JVM exits (`-XX:ArchiveClassesAtExit`, ~170 MB, ~20 s
+once, kept in pytest's cache dir `.pytest_cache/d/`), later JVMs map it. Off by default because a
+fresh checkout (CI) would only pay the recording. A stale or mismatched archive is ignored by the
+JVM (`-Xshare:auto`): the worst case is the slow start.
 """
 
 from __future__ import annotations
@@ -45,12 +47,12 @@ def spark_env() -> dict[str, str]:
 
 
 def archive_path(config: pytest.Config) -> Path | None:
-    """None without pytest's cache (`-p no:cacheprovider`): then no archive is used or made."""
+    """None unless DELAYD_SPARK_CDS=1 and pytest's cache is on: then no archive is used or made."""
     if "path" not in _archive:
         import pyspark
 
         cache = getattr(config, "cache", None)
-        if cache is None:
+        if cache is None or os.environ.get("DELAYD_SPARK_CDS", "") in ("", "0"):
             _archive["path"] = None
             return None
 
