@@ -38,12 +38,12 @@ cluster-stop:
 	deploy/cluster.sh stop
 
 lint: install-dev
-	$(PY) -m ruff check broker storage client tests bench
+	$(PY) -m ruff check broker storage client tests bench examples
 	$(PY) -m mypy storage broker
 
 format: install-dev
-	$(PY) -m ruff format broker storage client tests bench
-	$(PY) -m ruff check --fix broker storage client tests bench
+	$(PY) -m ruff format broker storage client tests bench examples
+	$(PY) -m ruff check --fix broker storage client tests bench examples
 
 bench: install-dev
 	$(PY) -m pip install -q -e '.[dev,bench]'
@@ -51,6 +51,7 @@ bench: install-dev
 	$(PY) bench/storage_bench.py
 	$(PY) bench/keyindex_bench.py
 	$(PY) bench/daemon_vs_redis.py
+	$(PY) bench/spark_bench.py
 
 torture: install-dev
 	DELAYD_TORTURE_CYCLES=500 $(PY) -m pytest -q -m torture tests/robustness
