@@ -34,12 +34,12 @@ def main() -> None:
         for r in range(20):
             ki.put_many([("bench", k + "p" + str(r), r * 1000 + i, 0) for i, k in enumerate(keys)])
         print(f"put_many (overlay):                 {(time.perf_counter() - t) / 20_000 * 1e6:.2f} us/key")
-        ops, gen = ki.take_ops()
+        ops = ki.take_ops()
         t = time.perf_counter()
         ki.apply(ops, 2)
         print(f"apply (SQLite write, worker):       {(time.perf_counter() - t) / 20_000 * 1e6:.2f} us/key")
         t = time.perf_counter()
-        ki.applied(gen)
+        ki.applied()
         print(f"applied (drop overlay):             {(time.perf_counter() - t) / 20_000 * 1e6:.2f} us/key")
         ki.close()
 

@@ -15,7 +15,6 @@ import asyncio
 import dataclasses
 import heapq
 import logging
-import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -456,7 +455,3 @@ class Pipeline:
             if t.done() and not t.cancelled() and t.exception() is not None:
                 return t.exception()
         return None
-
-
-def monotonic_ms() -> int:
-    return int(time.monotonic() * 1000)

@@ -14,21 +14,18 @@ from __future__ import annotations
 import bisect
 import os
 import struct
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
 from storage import checkpoint as ckpt
+from storage import timerwheel
 from storage.commitlog import HEADER_SIZE, MAX_RECORD, RECORD_VERSION, Record, decode
 from storage.errors import (
-    BadMagic,
-    ChecksumMismatch,
     CorruptData,
     StorageError,
     TornRecord,
-    UnsupportedVersion,
 )
 from storage.msgtable import ENTRY, ENTRY_SIZE, MessageState
 from storage.readyqueue import UNIT as READY_UNIT
@@ -36,7 +33,7 @@ from storage.readyqueue import UNIT_SIZE as READY_UNIT_SIZE
 from storage.segments import NAME_DIGITS
 from storage.timerlog import NO_POS, UNIT_SIZE, Unit, UnitMagic, unpack_unit
 from storage.timerwheel import HEADER as WHEEL_HEADER
-from storage.timerwheel import SLOT, SLOT_SIZE, WHEEL_MAGIC, WHEEL_VERSION
+from storage.timerwheel import SLOT, SLOT_SIZE
 
 DUMP_KINDS = ("commitlog", "timerlog", "wheel", "checkpoint", "ready", "msgtable")
 CHUNK = 1 << 20
@@ -160,19 +157,8 @@ def read_record(segs: ReadOnlySegments, offset: int, size: int = 0) -> Record:
 
 
 def read_wheel_header(path: Path) -> tuple[int, int, int]:
-    """(precision_ms, slot_count, created_ms); raises CorruptData subclasses like TimerWheel."""
-    with open(path, "rb") as f:
-        head = f.read(WHEEL_HEADER.size)
-    if len(head) < WHEEL_HEADER.size:
-        raise BadMagic(f"{path}: header cut short")
-    magic, version, _r, precision, count, created, crc, _r2 = WHEEL_HEADER.unpack(head)
-    if magic != WHEEL_MAGIC:
-        raise BadMagic(f"{path}: magic {magic:#x}")
-    if version != WHEEL_VERSION:
-        raise UnsupportedVersion(f"{path}: version {version}")
-    if zlib.crc32(head[:24]) != crc:
-        raise ChecksumMismatch(f"{path}: header crc")
-    return precision, count, created
+    """(precision_ms, slot_count, created_ms); the same validation as TimerWheel."""
+    return timerwheel.read_header(path)
 
 
 def iter_slots(path: Path, slot_count: int) -> Iterator[tuple[int, int, int, int, int, int]]:

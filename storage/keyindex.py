@@ -150,7 +150,7 @@ class KeyIndex:
         """Forget keys of messages delivered before `before_ms` (outside the dedup window)."""
         self._ops.append(("expire", before_ms))
 
-    def take_ops(self) -> tuple[list[Op], int]:
+    def take_ops(self) -> list[Op]:
         """Hand the queued operations to `apply`; the overlay moves aside until `applied`."""
         ops, self._ops = self._ops, []
         if self._flushing:  # an earlier write failed and was requeued: keep its entries too
@@ -159,7 +159,7 @@ class KeyIndex:
         else:
             self._flushing = self._current
         self._current = {}
-        return ops, 0
+        return ops
 
     def requeue(self, ops: list[Op]) -> None:
         """`apply` failed: the operations go back in front, to be written next time."""
@@ -182,15 +182,14 @@ class KeyIndex:
         w.execute("INSERT OR REPLACE INTO meta (name, value) VALUES ('commit_pos', ?)", (commit_pos,))
         w.commit()
 
-    def applied(self, generation: int = 0) -> None:
+    def applied(self) -> None:
         """The database now holds what `take_ops` handed out: drop that part of the overlay."""
         self._flushing = {}
 
     def commit(self, commit_pos: int) -> None:
         """Apply everything queued now, on this thread (recovery and shutdown)."""
-        ops, gen = self.take_ops()
-        self.apply(ops, commit_pos)
-        self.applied(gen)
+        self.apply(self.take_ops(), commit_pos)
+        self.applied()
 
     def count(self) -> int:
         return int(self.db.execute("SELECT count(*) FROM keys").fetchone()[0])

@@ -139,7 +139,7 @@ class Store:
         self.durable_indexed = 0  # C as of the last checkpoint written
         self.indexed_at: dict[int, int] = {}  # commit segment base -> time a checkpoint covered it
         self._msgtable_pins: dict[int, int] = {}  # msgtable segment -> a pending seq that pins it
-        self._key_ops: tuple[list[Any], int, int] = ([], 0, 0)  # key-index writes riding the checkpoint
+        self._key_ops: tuple[list[Any], int] = ([], 0)  # key-index writes riding the checkpoint
         self.read_time_ms = 0  # R as of the last checkpoint (lap safety uses the durable one)
         self.load_time_ms = 0  # D: next slot dequeue-get will load
         self.slot_counts = array("i", bytes(4 * self.cfg.slot_count))
@@ -629,7 +629,7 @@ class Store:
         for q in self.ready.values():
             fds += q.files.dirty_handles()
         fds.append(self.timers.wheel.dup_fd())  # fsync of the file also writes its mmap'd pages
-        self._key_ops = (*self.keys.take_ops(), self.commit.end)
+        self._key_ops = (self.keys.take_ops(), self.commit.end)
         cp = ckpt.Checkpoint(
             commit_indexed=self.indexed, commit_end=self.commit.end, timerlog_end=self.timers.log.end,
             read_time_ms=read_time_ms, next_seq=self.next_seq,
@@ -642,7 +642,7 @@ class Store:
     def finish_checkpoint(self, cp: ckpt.Checkpoint, fds: list[int]) -> None:
         """Write the queued key-index changes, fsync, then write the checkpoint. Touches no
         state the event loop uses: safe in a worker thread."""
-        ops, _gen, pos = self._key_ops
+        ops, pos = self._key_ops
         self.keys.apply(ops, pos)
         fsync_all(fds)
         ckpt.save(self.dir / "checkpoint", cp)
@@ -650,9 +650,9 @@ class Store:
     def checkpoint_failed(self) -> None:
         """The checkpoint was not written: what it was to make durable is fsynced next time
         (every file it collected is dirty again) and its key-index changes are requeued."""
-        ops, _gen, _pos = self._key_ops
+        ops, _pos = self._key_ops
         self.keys.requeue(ops)
-        self._key_ops = ([], 0, 0)
+        self._key_ops = ([], 0)
         for files in (self.commit.files, self.timers.log.files, *(q.files for q in self.ready.values())):
             files.mark_all_dirty()
         self.msgs.mark_all_dirty()
@@ -669,7 +669,7 @@ class Store:
             self.totals["unreadable"] = self.totals.get("unreadable", 0) + 1
 
     def checkpoint_saved(self, cp: ckpt.Checkpoint) -> None:
-        self.keys.applied(self._key_ops[1])
+        self.keys.applied()
         self.read_time_ms = cp.read_time_ms
         self.durable_indexed = cp.commit_indexed
         for base in self.commit.files.bases:

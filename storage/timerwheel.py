@@ -69,6 +69,22 @@ def empty_slot(t: int) -> Slot:
     return Slot(t, -1, -1, 0, 0)
 
 
+def read_header(path: Path) -> tuple[int, int, int]:
+    """(precision_ms, slot_count, created_ms) of a wheel file, validated magic → version → CRC."""
+    with open(path, "rb") as f:
+        head = f.read(HEADER.size)
+    if len(head) < HEADER.size:
+        raise BadMagic(f"{path}: header cut short")
+    magic, version, _r, precision, count, created, crc, _r2 = HEADER.unpack(head)
+    if magic != WHEEL_MAGIC:
+        raise BadMagic(f"{path}: magic {magic:#x}")
+    if version != WHEEL_VERSION:
+        raise UnsupportedVersion(f"{path}: version {version}")
+    if zlib.crc32(head[:24]) != crc:
+        raise ChecksumMismatch(f"{path}: header crc")
+    return precision, count, created
+
+
 class TimerWheel:
     def __init__(self, path: Path, precision_ms: int, slot_count: int) -> None:
         self.path = Path(path)
@@ -92,17 +108,7 @@ class TimerWheel:
         self.created = fresh
 
     def _validate(self, size: int) -> None:
-        with open(self.path, "rb") as f:
-            head = f.read(HEADER.size)
-        if len(head) < HEADER.size:
-            raise BadMagic(f"{self.path}: header cut short")
-        magic, version, _r, precision, count, _created, crc, _r2 = HEADER.unpack(head)
-        if magic != WHEEL_MAGIC:
-            raise BadMagic(f"{self.path}: magic {magic:#x}")
-        if version != WHEEL_VERSION:
-            raise UnsupportedVersion(f"{self.path}: version {version}")
-        if zlib.crc32(head[:24]) != crc:
-            raise ChecksumMismatch(f"{self.path}: header crc")
+        precision, count, _created = read_header(self.path)
         if (precision, count) != (self.precision_ms, self.slot_count):
             raise GeometryMismatch(f"{self.path}: built for precision {precision} ms x {count} slots, "
                                    f"configured {self.precision_ms} ms x {self.slot_count}")
