@@ -460,15 +460,12 @@ class Store:
             yield out
 
     def resolve(self, unit: Unit, slot_time: int) -> Due | Record | None:
-        """dequeue-get-message: a Due to release, a Record to roll forward, or None (dropped:
-        cancelled, already delivered, or a stale unit of a message that rolled since)."""
-        st, off, size, roll = self.msgs.get(unit.seq)
-        if st != MessageState.SCHEDULED or off != unit.commit_offset:
-            return None
-        if unit.magic & UnitMagic.ROLL:
-            return self.commit.read(off, size)
-        rec = self.commit.read(off, size)
-        return Due(rec.deliver_at, rec.seq, rec.topic, off, size, tag_hash(rec.tag), slot_time, rec.key)
+        """dequeue-get-message for one unit: a Due to release, a Record to roll forward, or None
+        (cancelled, already delivered, or a stale unit of a message that rolled since)."""
+        r = self.resolve_many([unit], slot_time)[0]
+        if isinstance(r, CorruptData):
+            raise r
+        return r
 
     def resolve_many(self, units: list[Unit], slot_time: int) -> list[Due | Record | CorruptData | None]:
         """`resolve` for a chunk of one slot: the message-table entries with one read per run
