@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 DEV_STAMP := $(VENV)/.installed-dev-stamp
 
-.PHONY: install install-dev run test lint format bench torture clean tools cluster cluster-stop
+.PHONY: install install-dev run test lint typecheck-tree format bench torture clean tools cluster cluster-stop
 
 install: $(STAMP)
 install-dev: $(DEV_STAMP)
@@ -22,7 +22,7 @@ $(DEV_STAMP): $(STAMP)
 	touch $(DEV_STAMP)
 
 run: install
-	$(PY) -m broker serve
+	$(PY) -m delayd serve
 
 tools:
 	scripts/install-test-deps.sh
@@ -37,25 +37,33 @@ cluster: install
 cluster-stop:
 	deploy/cluster.sh stop
 
-lint: install-dev
-	$(PY) -m ruff check broker storage client tests bench examples
-	$(PY) -m mypy storage broker
+# mypy cannot follow pyproject's folder mapping (delayd.broker lives in broker/), so it checks
+# the package through a tree of symlinks laid out as the installed wheel is.
+TYPECHECK := .typecheck
+typecheck-tree:
+	rm -rf $(TYPECHECK) && mkdir -p $(TYPECHECK)/delayd
+	for f in delayd/*; do ln -s ../../$$f $(TYPECHECK)/delayd/; done
+	for d in broker storage client; do ln -s ../../$$d $(TYPECHECK)/delayd/$$d; done
+
+lint: install-dev typecheck-tree
+	$(PY) -m ruff check delayd broker storage client tests bench examples
+	MYPYPATH=$(TYPECHECK) $(PY) -m mypy -p delayd
 
 format: install-dev
-	$(PY) -m ruff format broker storage client tests bench examples
-	$(PY) -m ruff check --fix broker storage client tests bench examples
+	$(PY) -m ruff format delayd broker storage client tests bench examples
+	$(PY) -m ruff check --fix delayd broker storage client tests bench examples
 
 bench: install-dev
 	$(PY) -m pip install -q -e '.[dev,bench]'
 	bash bench/install_peer.sh
-	$(PY) bench/storage_bench.py
-	$(PY) bench/keyindex_bench.py
-	$(PY) bench/daemon_vs_redis.py
-	$(PY) bench/spark_bench.py
+	$(PY) -m bench.storage_bench
+	$(PY) -m bench.keyindex_bench
+	$(PY) -m bench.daemon_vs_redis
+	$(PY) -m bench.spark_bench
 
 torture: install-dev
 	DELAYD_TORTURE_CYCLES=500 $(PY) -m pytest -q -m torture tests/robustness
 
 clean:
 	-deploy/cluster.sh stop
-	rm -rf $(VENV) delayd-data cluster-data .tools .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) delayd-data cluster-data .tools .typecheck .pytest_cache .mypy_cache .ruff_cache

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """delayd vs a Redis sorted-set delay queue, side by side in one run (issue 5).
 
-Starts the real daemon (`python -m broker serve`, fresh temp data dir, `--fsync always`) and a
+Starts the real daemon (`python -m delayd serve`, fresh temp data dir, `--fsync always`) and a
 real `redis-server` (free loopback port, `--appendonly yes --appendfsync everysec --save ''`,
 its own temp dir), runs the same workloads against both, prints one table with the ratio
 delayd/redis and writes everything as JSON.
@@ -387,7 +387,7 @@ class DaemonServer(ServerProc):
         super().__init__(workdir)
         self.data_dir = workdir / "data"
         self.extra_args = list(args.daemon_arg)
-        self.prefix = args.daemon_cmd.split() if args.daemon_cmd else [sys.executable, "-m", "broker"]
+        self.prefix = args.daemon_cmd.split() if args.daemon_cmd else [sys.executable, "-m", "delayd"]
         self.profile_dir = Path(args.py_spy) if args.py_spy else None
         self.spies: list[PySpy] = []
         self.profiles: list[Path] = []
@@ -1676,7 +1676,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--daemon-cmd",
         default=None,
-        help="command that replaces 'python -m broker' (e.g. another build's venv python -m broker)",
+        help="command that replaces 'python -m delayd' (e.g. another build's venv python -m delayd)",
     )
     ap.add_argument(
         "--py-spy",
@@ -1688,7 +1688,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--daemon-arg",
         action="append",
         default=[],
-        help="extra argument for 'python -m broker serve' (repeatable)",
+        help="extra argument for 'python -m delayd serve' (repeatable)",
     )
     args = ap.parse_args(argv)
     args.only = [w.strip() for w in args.only.split(",") if w.strip()]

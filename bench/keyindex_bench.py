@@ -11,14 +11,11 @@ from __future__ import annotations
 
 import argparse
 import random
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from storage.keyindex import KeyIndex  # noqa: E402
+from delayd.storage.keyindex import KeyIndex
 
 
 def rss_mb() -> float:

@@ -9,14 +9,11 @@ the overlay update (`put_many`), the SQLite write the checkpoint makes in a work
 
 from __future__ import annotations
 
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from storage.keyindex import KeyIndex  # noqa: E402
+from delayd.storage.keyindex import KeyIndex
 
 
 def main() -> None:

@@ -13,7 +13,6 @@ import argparse
 import asyncio
 import random
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -21,9 +20,7 @@ from pathlib import Path
 import aiohttp
 import msgpack
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from tests.support.daemon import DaemonProcess  # noqa: E402
+from tests.support.daemon import DaemonProcess
 
 
 async def produce(url: str, n: int, keyed: str | None, connections: int) -> float:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Spark connector throughput (issue 8): rows/s scheduled from Spark, records/s read from the files.
 
-Starts the real daemon (`python -m broker serve`, fresh temp data dir, `--fsync always`, an optional
+Starts the real daemon (`python -m delayd serve`, fresh temp data dir, `--fsync always`, an optional
 `segment_bytes`) and a local SparkSession (`local[2]` by default), then
 
   write   N rows (100-byte bodies, delays spread over 1-48 h, a key per row unless --no-keys) with
@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
 def free_port() -> int:
@@ -221,11 +220,10 @@ def main() -> int:
     args = ap.parse_args()
 
     os.environ.update({"SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable})
+    from delayd.client.spark import register, write
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
-
-    from client.spark import register, write
 
     tmp = Path(tempfile.mkdtemp(prefix="delayd-spark-bench-"))
     data_dir = tmp / "data"

@@ -25,14 +25,11 @@ import platform
 import random
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from storage.store import NewMessage, Store, StoreConfig  # noqa: E402
+from delayd.storage.store import NewMessage, Store, StoreConfig
 
 T0 = 1_700_000_000_000
 SPREAD_MS = 48 * 3_600_000

@@ -1,5 +1,5 @@
-"""The `delayd` command: `serve` runs the daemon; `check` and `dump` inspect a data directory;
-the client commands (send, cancel, get, consume, stats, schedule) talk to a running daemon."""
+"""The daemon's commands of the `delayd` CLI: `serve` runs the daemon; `check` and `dump` inspect a
+data directory. (The client commands live in delayd.client.cli; delayd.cli dispatches to both.)"""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
-
-from broker import config as config_mod
-from broker.clock import Clock
-from broker.config import Config, ConfigError
+from delayd.broker import config as config_mod
+from delayd.broker.clock import Clock
+from delayd.broker.config import Config, ConfigError
 
 log = logging.getLogger("delayd")
 
@@ -34,9 +34,9 @@ def _is_loopback(host: str) -> bool:
 
 async def serve(cfg: Config, clock: Clock | None = None) -> int:
     """Run until SIGTERM/SIGINT. Resources start in order and stop in reverse."""
-    from broker.http import make_app
-    from broker.metrics import Metrics
-    from broker.service import Broker
+    from delayd.broker.http import make_app
+    from delayd.broker.metrics import Metrics
+    from delayd.broker.service import Broker
 
     t0 = time.monotonic()
     broker = Broker(cfg, clock)
@@ -143,7 +143,7 @@ def _store_config(args: argparse.Namespace) -> object:
 
 
 def _run_check(args: argparse.Namespace) -> int:
-    from storage import inspect
+    from delayd.storage import inspect
     if not Path(args.data_dir).is_dir():
         print(f"delayd check: {args.data_dir} is not a directory", file=sys.stderr)
         return 2
@@ -153,16 +153,18 @@ def _run_check(args: argparse.Namespace) -> int:
 
 
 def _run_dump(args: argparse.Namespace) -> int:
-    from storage import inspect
+    from delayd.storage import inspect
     for line in inspect.dump(Path(args.data_dir), args.what, segment=args.segment, start=args.start,
                              limit=args.limit, topic=args.topic, config=_store_config(args)):
         print(line)
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="delayd", description="delayd: a durable delay-message broker")
-    sub = p.add_subparsers(dest="command", required=True)
+DAEMON_COMMANDS = ("serve", "check", "dump")
+
+
+def register(sub: Any) -> None:
+    """Add the daemon's commands (serve, check, dump) to an argparse subparsers object."""
     s = sub.add_parser("serve", help="run the daemon in the foreground")
     s.add_argument("--data-dir", default=None, help="data directory (default ./delayd-data)")
     s.add_argument("--listen", default=None, help="HOST:PORT (default 127.0.0.1:7070)")
@@ -184,14 +186,3 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--topic", default=None, help="ready queue of this topic")
     d.add_argument("--config", default=None, help="the daemon's TOML config (for its storage geometry)")
     d.set_defaults(func=_run_dump)
-    try:
-        from client import cli as client_cli
-        client_cli.register(sub)
-    except ImportError:
-        pass
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return int(args.func(args))

@@ -13,11 +13,10 @@ import re
 from typing import Any
 
 import msgpack
-
-from broker import errors
-from broker.config import Config
-from storage.commitlog import Record
-from storage.store import NewMessage
+from delayd.broker import errors
+from delayd.broker.config import Config
+from delayd.storage.commitlog import Record
+from delayd.storage.store import NewMessage
 
 JSON = "application/json"
 MSGPACK = "application/msgpack"

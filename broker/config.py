@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from storage.store import StoreConfig
+from delayd.storage.store import StoreConfig
 
 DAY_MS = 86_400_000
 FSYNC_POLICIES = ("always", "interval", "never")

@@ -6,7 +6,7 @@ The HTTP layer turns an ApiError into `{"error": {"code", "message"[, "index"]}}
 
 from __future__ import annotations
 
-from storage.errors import DiskFull, StorageError
+from delayd.storage.errors import DiskFull, StorageError
 
 
 class ApiError(Exception):

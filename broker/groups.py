@@ -26,9 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
-
-from storage.readyqueue import ReadyUnit, tag_hash
-from storage.store import Store
+from delayd.storage.readyqueue import ReadyUnit, tag_hash
+from delayd.storage.store import Store
 
 BACKOFF_BASE_MS = 1000
 BACKOFF_MAX_MS = 600_000

@@ -16,12 +16,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
-
-from broker import codec, errors
-from broker.config import Config, Token
-from broker.openapi import spec
-from broker.service import Broker
-from storage.errors import DiskFull, StorageError
+from delayd.broker import codec, errors
+from delayd.broker.config import Config, Token
+from delayd.broker.openapi import spec
+from delayd.broker.service import Broker
+from delayd.storage.errors import DiskFull, StorageError
 
 log = logging.getLogger("delayd.http")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -303,7 +302,7 @@ async def schedule(request: web.Request) -> web.Response:
 
 
 async def info(request: web.Request) -> web.Response:
-    from broker import __version__
+    from delayd import __version__
     return reply(request, {"node_id": request.app[CONFIG].node_id, "version": __version__})
 
 

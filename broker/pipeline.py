@@ -19,11 +19,11 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from broker.clock import Clock
-from storage.commitlog import Record
-from storage.errors import CorruptData, DiskFull
-from storage.segments import fsync_all
-from storage.store import Due, Store
+from delayd.broker.clock import Clock
+from delayd.storage.commitlog import Record
+from delayd.storage.errors import CorruptData, DiskFull
+from delayd.storage.segments import fsync_all
+from delayd.storage.store import Due, Store
 
 log = logging.getLogger("delayd.pipeline")
 

@@ -17,15 +17,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from broker import errors
-from broker.clock import Clock
-from broker.config import Config
-from broker.groups import Delivery, Group, Groups, decode_event, encode_event
-from broker.pipeline import GroupCommit, Pipeline
-from storage.commitlog import Record
-from storage.errors import StorageError
-from storage.msgtable import MessageState
-from storage.store import Due, NewMessage, Store
+from delayd.broker import errors
+from delayd.broker.clock import Clock
+from delayd.broker.config import Config
+from delayd.broker.groups import Delivery, Group, Groups, decode_event, encode_event
+from delayd.broker.pipeline import GroupCommit, Pipeline
+from delayd.storage.commitlog import Record
+from delayd.storage.errors import StorageError
+from delayd.storage.msgtable import MessageState
+from delayd.storage.store import Due, NewMessage, Store
 
 log = logging.getLogger("delayd.broker")
 

@@ -1,6 +1,6 @@
 """delayd client SDK: `AsyncClient` / `Client`, auto-batching producers, consumer runners.
 
-    from client import Client
+    from delayd.client import Client
     with Client("http://127.0.0.1:7070") as c:
         c.send("orders.timeout", b"order-42", delay_ms=30_000, key="order-42")
         c.cancel_key("orders.timeout", "order-42")
@@ -8,10 +8,10 @@
 See docs/client.md.
 """
 
-from client.aio import DEFAULT_URL, AsyncClient
-from client.codec import Encoding, OutgoingMessage
-from client.consumer import AsyncConsumer, Consumer, ConsumerStats
-from client.errors import (
+from delayd.client.aio import DEFAULT_URL, AsyncClient
+from delayd.client.codec import Encoding, OutgoingMessage
+from delayd.client.consumer import AsyncConsumer, Consumer, ConsumerStats
+from delayd.client.errors import (
     AlreadyDelivered,
     Backpressure,
     Conflict,
@@ -32,8 +32,8 @@ from client.errors import (
     Unavailable,
     UnsupportedMediaType,
 )
-from client.http import RetryPolicy
-from client.models import (
+from delayd.client.http import RetryPolicy
+from delayd.client.models import (
     AckResult,
     CancelResult,
     DeadLetter,
@@ -49,9 +49,9 @@ from client.models import (
     Stats,
     Subscription,
 )
-from client.producer import AsyncProducer, Producer
-from client.ring import HashRing
-from client.sync import Client
+from delayd.client.producer import AsyncProducer, Producer
+from delayd.client.ring import HashRing
+from delayd.client.sync import Client
 
 __all__ = [
     "DEFAULT_URL", "AsyncClient", "Client", "AsyncProducer", "Producer", "AsyncConsumer", "Consumer",

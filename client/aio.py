@@ -21,10 +21,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from client.codec import Body, Encoding, OutgoingMessage, to_epoch_ms, to_ms_duration
-from client.errors import AlreadyDelivered, DelaydError, InvalidMessage, NotFound
-from client.http import Retry, RetryPolicy, Transport, path
-from client.models import (
+from delayd.client.codec import Body, Encoding, OutgoingMessage, to_epoch_ms, to_ms_duration
+from delayd.client.errors import AlreadyDelivered, DelaydError, InvalidMessage, NotFound
+from delayd.client.http import Retry, RetryPolicy, Transport, path
+from delayd.client.models import (
     AckResult,
     CancelResult,
     DeadLetter,
@@ -39,8 +39,8 @@ from client.models import (
     Stats,
     Subscription,
 )
-from client.ring import DEFAULT_VNODES, HashRing, routing_key
-from client.shardpull import PullKey, ShardedPuller
+from delayd.client.ring import DEFAULT_VNODES, HashRing, routing_key
+from delayd.client.shardpull import PullKey, ShardedPuller
 
 DEFAULT_URL = "http://127.0.0.1:7070"
 MAX_BATCH = 10_000  # the API's limit for one produce request

@@ -1,6 +1,6 @@
 """User commands of the `delayd` CLI: send, cancel, get, consume, stats, schedule.
 
-`broker/cli.py` calls `register(subparsers)` and then `args.func(args)`, which returns the exit code.
+`delayd/cli.py` (the `delayd` entry point) calls `register(subparsers)` and then `args.func(args)`, which returns the exit code.
 `main(argv)` runs these commands on their own. Every command takes `--url` (env `DELAYD_URL`, default
 http://127.0.0.1:7070; several comma-separated URLs address a sharded deployment), `--token` (env
 `DELAYD_TOKEN`) and `--json` (machine-readable output on stdout; human text otherwise).
@@ -22,13 +22,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from client.aio import DEFAULT_URL
-from client.codec import OutgoingMessage
-from client.consumer import Consumer
-from client.errors import Conflict, ConnectionFailed, DelaydError, InvalidRequest, NotFound
-from client.http import RetryPolicy
-from client.models import Message, ReceivedMessage
-from client.render import (
+from delayd.client.aio import DEFAULT_URL
+from delayd.client.codec import OutgoingMessage
+from delayd.client.consumer import Consumer
+from delayd.client.errors import Conflict, ConnectionFailed, DelaydError, InvalidRequest, NotFound
+from delayd.client.http import RetryPolicy
+from delayd.client.models import Message, ReceivedMessage
+from delayd.client.render import (
     Progress,
     format_bytes,
     format_duration,
@@ -40,7 +40,7 @@ from client.render import (
     parse_time_ms,
     table,
 )
-from client.sync import Client
+from delayd.client.sync import Client
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_NOT_FOUND, EXIT_CONFLICT, EXIT_UNREACHABLE = 0, 1, 2, 3, 4, 5
 EXIT_INTERRUPTED = 130

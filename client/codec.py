@@ -17,8 +17,7 @@ from enum import StrEnum
 from typing import Any
 
 import msgpack
-
-from client.errors import ProtocolError
+from delayd.client.errors import ProtocolError
 
 _ONE_MS = timedelta(milliseconds=1)
 

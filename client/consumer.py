@@ -25,10 +25,10 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from client.aio import AsyncClient
-from client.errors import DelaydError
-from client.models import ReceivedMessage
-from client.sync import Client
+from delayd.client.aio import AsyncClient
+from delayd.client.errors import DelaydError
+from delayd.client.models import ReceivedMessage
+from delayd.client.sync import Client
 
 log = logging.getLogger("delayd.client.consumer")
 

@@ -25,9 +25,8 @@ from urllib.parse import quote, urlencode
 
 import aiohttp
 import yarl
-
-from client.codec import Encoding, dumps, loads
-from client.errors import (
+from delayd.client.codec import Encoding, dumps, loads
+from delayd.client.errors import (
     Backpressure,
     ConnectionFailed,
     DelaydError,

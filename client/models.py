@@ -12,8 +12,8 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from client.codec import decode_body, from_epoch_ms
-from client.errors import ProtocolError
+from delayd.client.codec import decode_body, from_epoch_ms
+from delayd.client.errors import ProtocolError
 
 
 class MessageState(StrEnum):

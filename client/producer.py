@@ -16,11 +16,11 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from client.aio import AsyncClient
-from client.codec import Body, OutgoingMessage
-from client.errors import DelaydError, InvalidRequest
-from client.models import SendResult
-from client.sync import Client
+from delayd.client.aio import AsyncClient
+from delayd.client.codec import Body, OutgoingMessage
+from delayd.client.errors import DelaydError, InvalidRequest
+from delayd.client.models import SendResult
+from delayd.client.sync import Client
 
 log = logging.getLogger("delayd.client.producer")
 

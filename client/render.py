@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import IO, Any
 
-from client.codec import from_epoch_ms, to_epoch_ms
-from client.models import ScheduleBucket
+from delayd.client.codec import from_epoch_ms, to_epoch_ms
+from delayd.client.models import ScheduleBucket
 
 _UNIT_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")

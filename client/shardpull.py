@@ -16,8 +16,8 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import NamedTuple
 
-from client.errors import DelaydError
-from client.models import ReceivedMessage
+from delayd.client.errors import DelaydError
+from delayd.client.models import ReceivedMessage
 
 # fetch(shard_url, max, wait_ms, lease_ms) -> messages of one shard
 Fetch = Callable[[str, int, int, int], Awaitable[list[ReceivedMessage]]]

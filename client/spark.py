@@ -1,6 +1,6 @@
 """PySpark data source `delayd`: bulk scheduling into a daemon, and analytics over its data directory.
 
-    from client.spark import register
+    from delayd.client.spark import register
     register(spark)                                   # once per SparkSession
 
     # write: one delayed message per row (batched, msgpack, one HTTP connection per partition)

@@ -17,10 +17,10 @@ from collections.abc import Coroutine, Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from client.aio import DEFAULT_URL, AsyncClient, Receipts, Urls
-from client.codec import Body, Encoding, OutgoingMessage
-from client.http import RetryPolicy
-from client.models import (
+from delayd.client.aio import DEFAULT_URL, AsyncClient, Receipts, Urls
+from delayd.client.codec import Body, Encoding, OutgoingMessage
+from delayd.client.http import RetryPolicy
+from delayd.client.models import (
     AckResult,
     CancelResult,
     DeadLetter,
@@ -35,7 +35,7 @@ from client.models import (
     Stats,
     Subscription,
 )
-from client.ring import DEFAULT_VNODES
+from delayd.client.ring import DEFAULT_VNODES
 
 T = TypeVar("T")
 _thread_numbers = itertools.count(1)

@@ -172,7 +172,7 @@ cmd_start() {
         printf '\n=== %s start %s ===\n' "$node" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" >>"$(logfile "$node")"
         # setsid: own session, so the shard outlives this script and ignores the terminal's ^C.
         PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 \
-            setsid "$PY" -m broker serve --data-dir "$(datadir "$node")" --listen "$HOST:$port" \
+            setsid "$PY" -m delayd serve --data-dir "$(datadir "$node")" --listen "$HOST:$port" \
             --fsync "$FSYNC" --node-id "$node" ${EXTRA[@]+"${EXTRA[@]}"} \
             >>"$(logfile "$node")" 2>&1 </dev/null &
         pid=$!

@@ -23,10 +23,7 @@ import secrets
 import sys
 import time
 
-# Runnable from a checkout without installing the package.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from client import AlreadyDelivered, AsyncClient, AsyncConsumer, ReceivedMessage  # noqa: E402
+from delayd.client import AlreadyDelivered, AsyncClient, AsyncConsumer, ReceivedMessage
 
 TOPIC = "example.order-timeout"
 GROUP = "order-closer"

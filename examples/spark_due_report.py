@@ -23,9 +23,6 @@ import sys
 import time
 from datetime import UTC, datetime
 
-# Runnable from a checkout without installing the package.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 MINUTE_MS = 60_000
 
 
@@ -49,10 +46,9 @@ def main() -> int:
 
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from delayd.client.spark import register
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
-
-    from client.spark import register
 
     spark = (SparkSession.builder.master(args.master).appName("delayd-due-report")
              .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")

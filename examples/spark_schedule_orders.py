@@ -22,9 +22,6 @@ import argparse
 import os
 import sys
 
-# Runnable from a checkout without installing the package.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 TIMEOUT_MINUTES = 30
 
 
@@ -56,10 +53,9 @@ def main() -> int:
 
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from delayd.client.spark import DelaydSparkError, register, write
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
-
-    from client.spark import DelaydSparkError, register, write
 
     spark = (SparkSession.builder.master(args.master).appName("delayd-schedule-orders")
              .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")

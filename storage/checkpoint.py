@@ -27,9 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
-
-from storage.errors import BadMagic, ChecksumMismatch, Insane, UnsupportedVersion
-from storage.segments import fsync_dir
+from delayd.storage.errors import BadMagic, ChecksumMismatch, Insane, UnsupportedVersion
+from delayd.storage.segments import fsync_dir
 
 CHECKPOINT_MAGIC = 0x50434C44  # "DLCP" little-endian
 CHECKPOINT_VERSION = 1

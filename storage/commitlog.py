@@ -39,9 +39,8 @@ from pathlib import Path
 from typing import Protocol
 
 import msgpack
-
-from storage.errors import ChecksumMismatch, CorruptData, TornRecord, UnsupportedVersion
-from storage.segments import SegmentedFile
+from delayd.storage.errors import ChecksumMismatch, CorruptData, TornRecord, UnsupportedVersion
+from delayd.storage.segments import SegmentedFile
 
 RECORD_VERSION = 1
 HEADER = struct.Struct("<IIBBHQqqHBBHHI")

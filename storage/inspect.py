@@ -19,21 +19,21 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from storage import checkpoint as ckpt
-from storage import timerwheel
-from storage.commitlog import HEADER_SIZE, MAX_RECORD, RECORD_VERSION, Record, decode
-from storage.errors import (
+from delayd.storage import checkpoint as ckpt
+from delayd.storage import timerwheel
+from delayd.storage.commitlog import HEADER_SIZE, MAX_RECORD, RECORD_VERSION, Record, decode
+from delayd.storage.errors import (
     CorruptData,
     StorageError,
     TornRecord,
 )
-from storage.msgtable import ENTRY, ENTRY_SIZE, MessageState
-from storage.readyqueue import UNIT as READY_UNIT
-from storage.readyqueue import UNIT_SIZE as READY_UNIT_SIZE
-from storage.segments import NAME_DIGITS
-from storage.timerlog import NO_POS, UNIT_SIZE, Unit, UnitMagic, unpack_unit
-from storage.timerwheel import HEADER as WHEEL_HEADER
-from storage.timerwheel import SLOT, SLOT_SIZE
+from delayd.storage.msgtable import ENTRY, ENTRY_SIZE, MessageState
+from delayd.storage.readyqueue import UNIT as READY_UNIT
+from delayd.storage.readyqueue import UNIT_SIZE as READY_UNIT_SIZE
+from delayd.storage.segments import NAME_DIGITS
+from delayd.storage.timerlog import NO_POS, UNIT_SIZE, Unit, UnitMagic, unpack_unit
+from delayd.storage.timerwheel import HEADER as WHEEL_HEADER
+from delayd.storage.timerwheel import SLOT, SLOT_SIZE
 
 DUMP_KINDS = ("commitlog", "timerlog", "wheel", "checkpoint", "ready", "msgtable")
 CHUNK = 1 << 20

@@ -31,7 +31,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from storage.errors import UnsupportedVersion
+from delayd.storage.errors import UnsupportedVersion
 
 KEYINDEX_VERSION = 1
 

@@ -23,8 +23,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from storage.errors import DiskFull
-from storage.segments import SegmentedFile
+from delayd.storage.errors import DiskFull
+from delayd.storage.segments import SegmentedFile
 
 UNIT = struct.Struct("<qIIqqQ")
 UNIT_SIZE = UNIT.size

@@ -14,17 +14,17 @@ from array import array
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from storage import checkpoint as ckpt
-from storage.commitlog import Record, RecordType, ScanReport
-from storage.errors import CorruptData, GeometryMismatch, Insane, StorageError
-from storage.keyindex import KeyIndex
-from storage.msgtable import MessageState
-from storage.timerindex import TimerIndex
-from storage.timerlog import TimerLog
-from storage.timerwheel import TimerWheel
+from delayd.storage import checkpoint as ckpt
+from delayd.storage.commitlog import Record, RecordType, ScanReport
+from delayd.storage.errors import CorruptData, GeometryMismatch, Insane, StorageError
+from delayd.storage.keyindex import KeyIndex
+from delayd.storage.msgtable import MessageState
+from delayd.storage.timerindex import TimerIndex
+from delayd.storage.timerlog import TimerLog
+from delayd.storage.timerwheel import TimerWheel
 
 if TYPE_CHECKING:
-    from storage.store import Store
+    from delayd.storage.store import Store
 
 log = logging.getLogger("delayd.storage")
 

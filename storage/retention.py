@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from storage.msgtable import MessageState
-from storage.timerlog import UNIT_SIZE
+from delayd.storage.msgtable import MessageState
+from delayd.storage.timerlog import UNIT_SIZE
 
 if TYPE_CHECKING:
-    from storage.store import Store
+    from delayd.storage.store import Store
 
 RETENTION_MARGIN_MS = 1000  # slack on top of the reader's lead, for retention horizons
 

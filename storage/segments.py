@@ -14,7 +14,7 @@ import errno
 import os
 from pathlib import Path
 
-from storage.errors import DiskFull, OffsetOutOfRange
+from delayd.storage.errors import DiskFull, OffsetOutOfRange
 
 NAME_DIGITS = 20
 

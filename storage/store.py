@@ -37,9 +37,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from storage import checkpoint as ckpt
-from storage import recovery, retention
-from storage.commitlog import (
+from delayd.storage import checkpoint as ckpt
+from delayd.storage import recovery, retention
+from delayd.storage.commitlog import (
     CommitLog,
     Record,
     RecordFlag,
@@ -48,13 +48,13 @@ from storage.commitlog import (
     encode,
     encode_messages,
 )
-from storage.errors import CorruptData, StorageError
-from storage.msgtable import MessageState, MessageTable
-from storage.readyqueue import ReadyQueue, tag_hash
-from storage.recovery import RecoveryReport
-from storage.segments import fsync_all
-from storage.timerindex import Entry, TimerIndex
-from storage.timerlog import Unit, UnitMagic
+from delayd.storage.errors import CorruptData, StorageError
+from delayd.storage.msgtable import MessageState, MessageTable
+from delayd.storage.readyqueue import ReadyQueue, tag_hash
+from delayd.storage.recovery import RecoveryReport
+from delayd.storage.segments import fsync_all
+from delayd.storage.timerindex import Entry, TimerIndex
+from delayd.storage.timerlog import Unit, UnitMagic
 
 log = logging.getLogger("delayd.storage")
 

@@ -12,10 +12,10 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
-from storage.errors import Insane
-from storage.timerlog import NO_POS, UNIT, UNIT_SIZE, TimerLog, Unit, UnitMagic
-from storage.timerwheel import HEADER as WHEEL_HEADER
-from storage.timerwheel import SLOT, SLOT_SIZE, TimerWheel
+from delayd.storage.errors import Insane
+from delayd.storage.timerlog import NO_POS, UNIT, UNIT_SIZE, TimerLog, Unit, UnitMagic
+from delayd.storage.timerwheel import HEADER as WHEEL_HEADER
+from delayd.storage.timerwheel import SLOT, SLOT_SIZE, TimerWheel
 
 WHEEL_HEADER_SIZE = WHEEL_HEADER.size
 

@@ -29,8 +29,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from storage.errors import Insane
-from storage.segments import SegmentedFile
+from delayd.storage.errors import Insane
+from delayd.storage.segments import SegmentedFile
 
 UNIT = struct.Struct("<IqIqiqIIQ")
 UNIT_SIZE = UNIT.size  # 52

@@ -42,7 +42,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from storage.errors import BadMagic, ChecksumMismatch, GeometryMismatch, UnsupportedVersion
+from delayd.storage.errors import BadMagic, ChecksumMismatch, GeometryMismatch, UnsupportedVersion
 
 WHEEL_MAGIC = 0x484C5744  # "DLWH" little-endian
 WHEEL_VERSION = 1

@@ -1,6 +1,6 @@
 """The broker clock follows the monotonic clock after start, not wall-clock steps."""
 
-from broker.clock import Clock
+from delayd.broker.clock import Clock
 
 
 def test_wall_steps_after_start_are_ignored_and_reported():

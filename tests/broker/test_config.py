@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from broker.config import Config, ConfigError, load
+from delayd.broker.config import Config, ConfigError, load
 
 
 def test_precedence_flags_over_env_over_file(tmp_path):

@@ -4,9 +4,8 @@ redrive, and the snapshot + event replay that a restart relies on."""
 from __future__ import annotations
 
 import pytest
-
-from broker.groups import Delivery, Groups, backoff_ms
-from storage.store import Due, NewMessage, Store, StoreConfig
+from delayd.broker.groups import Delivery, Groups, backoff_ms
+from delayd.storage.store import Due, NewMessage, Store, StoreConfig
 
 
 def rc(d: Delivery) -> str:
@@ -26,7 +25,7 @@ def env(tmp_path):
     for seq in seqs:
         st, off, size, _ = store.state(seq)
         tag = "a" if (seq - seqs[0]) % 2 else "b"
-        from storage.readyqueue import tag_hash
+        from delayd.storage.readyqueue import tag_hash
         store.release([Due(now[0], seq, "t", off, size, tag_hash(tag), 0)], now[0])
     yield store, groups, events, now
     store.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
-from broker.pipeline import InFlight, Link
+from delayd.broker.pipeline import InFlight, Link
 
 
 async def test_link_put_waits_while_full_and_loses_nothing():

@@ -7,7 +7,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from client import AsyncClient, Client, RetryPolicy
+from delayd.client import AsyncClient, Client, RetryPolicy
 
 # Retries in tests: same rules, tiny pauses, so a test of "503 then 200" takes milliseconds.
 FAST_RETRY = RetryPolicy(attempts=4, base_delay_ms=5, max_delay_ms=20)

@@ -8,10 +8,10 @@ import time
 from pathlib import Path
 
 import pytest
+from delayd.client.cli import main
+from delayd.client.models import ScheduleBucket
+from delayd.client.render import bar, format_duration, histogram, parse_duration_ms, parse_time_ms
 
-from client.cli import main
-from client.models import ScheduleBucket
-from client.render import bar, format_duration, histogram, parse_duration_ms, parse_time_ms
 from tests.client.fakebroker import FakeBroker
 from tests.support.daemon import free_port
 

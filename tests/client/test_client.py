@@ -9,8 +9,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
-
-from client import (
+from delayd.client import (
     AlreadyDelivered,
     AsyncClient,
     Client,
@@ -19,6 +18,7 @@ from client import (
     NotFound,
     OutgoingMessage,
 )
+
 from tests.client.fakebroker import FakeBroker
 from tests.client.helpers import Either
 

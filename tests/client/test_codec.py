@@ -8,10 +8,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import msgpack
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
-
-from client.codec import (
+from delayd.client.codec import (
     Encoding,
     OutgoingMessage,
     decode_body,
@@ -21,7 +18,9 @@ from client.codec import (
     to_epoch_ms,
     to_ms_duration,
 )
-from client.errors import ProtocolError
+from delayd.client.errors import ProtocolError
+from hypothesis import given
+from hypothesis import strategies as st
 
 
 def test_durations_from_ints_and_timedeltas() -> None:

@@ -6,8 +6,8 @@ import asyncio
 import threading
 
 import pytest
+from delayd.client import AsyncClient, AsyncConsumer, Client, Consumer, ReceivedMessage
 
-from client import AsyncClient, AsyncConsumer, Client, Consumer, ReceivedMessage
 from tests.client.fakebroker import FakeBroker
 from tests.client.helpers import until
 

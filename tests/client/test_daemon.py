@@ -1,4 +1,4 @@
-"""The SDK against the real daemon (`python -m broker serve` on loopback): every method on both
+"""The SDK against the real daemon (`python -m delayd serve` on loopback): every method on both
 clients, the producer, the consumer runner down to dead letters, the CLI, and a sharded client over
 three daemons s0, s1, s2. Each test uses its own topics, so the daemons are shared per module."""
 
@@ -15,8 +15,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-
-from client import (
+from delayd.client import (
     AlreadyDelivered,
     AsyncClient,
     AsyncConsumer,
@@ -31,8 +30,9 @@ from client import (
     ReceivedMessage,
     RetryPolicy,
 )
-from client.cli import main as cli_main
-from client.ring import HashRing
+from delayd.client.cli import main as cli_main
+from delayd.client.ring import HashRing
+
 from tests.client.helpers import Either, until_async
 from tests.support.daemon import ROOT, DaemonProcess
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
-
-from client import (
+from delayd.client import (
     AlreadyDelivered,
     AsyncClient,
     Backpressure,
@@ -26,7 +25,8 @@ from client import (
     Unavailable,
     UnsupportedMediaType,
 )
-from client.http import RetryPolicy, parse_retry_after
+from delayd.client.http import RetryPolicy, parse_retry_after
+
 from tests.client.fakebroker import FakeBroker, Reply
 from tests.client.helpers import FAST_RETRY
 from tests.support.daemon import free_port

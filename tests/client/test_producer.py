@@ -7,8 +7,8 @@ import threading
 import time
 
 import pytest
+from delayd.client import AsyncClient, AsyncProducer, Client, InvalidMessage, Producer, Unavailable
 
-from client import AsyncClient, AsyncProducer, Client, InvalidMessage, Producer, Unavailable
 from tests.client.fakebroker import FakeBroker, Reply
 from tests.client.helpers import FAST_RETRY
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from delayd.client.ring import HashRing, hash64, routing_key
 from hypothesis import given
 from hypothesis import strategies as st
-
-from client.ring import HashRing, hash64, routing_key
 
 KEYS = [f"order-{i}" for i in range(10_000)]
 HASH_ORDER_1 = 0x889DA2707C9B6189

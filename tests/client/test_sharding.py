@@ -7,9 +7,9 @@ import time
 from collections import Counter
 
 import pytest
+from delayd.client import AsyncClient, Client, InvalidMessage, NotFound
+from delayd.client.ring import HashRing
 
-from client import AsyncClient, Client, InvalidMessage, NotFound
-from client.ring import HashRing
 from tests.client.fakebroker import FakeBroker
 
 RING = HashRing(["s0", "s1", "s2"])

@@ -162,7 +162,7 @@ def test_start_fails_clearly_on_a_busy_port(cluster: Cluster) -> None:
 def test_sharded_clients_over_the_cluster(cluster: Cluster) -> None:
     """The `make cluster` topology used the way issue 9 describes: messages spread over all
     shards, each delivered once, and cancel by id and by key work from any client."""
-    from client import Client
+    from delayd.client import Client
 
     assert cluster.run("start").returncode == 0
     urls = [f"http://127.0.0.1:{p}" for p in cluster.ports]

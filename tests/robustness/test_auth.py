@@ -156,7 +156,7 @@ def test_tokens_never_reach_the_log(authd):
 
 
 def _serve(tmp_path: Path, *args: str, config: str | None = None) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "broker", "serve", "--data-dir", str(tmp_path / "data"), *args]
+    cmd = [sys.executable, "-m", "delayd", "serve", "--data-dir", str(tmp_path / "data"), *args]
     if config is not None:
         (tmp_path / "c.toml").write_text(config)
         cmd += ["--config", str(tmp_path / "c.toml")]

@@ -18,12 +18,12 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from delayd.broker.clock import Clock
+from delayd.broker.config import Config
+from delayd.broker.http import make_app
+from delayd.broker.metrics import Metrics
+from delayd.broker.service import Broker
 
-from broker.clock import Clock
-from broker.config import Config
-from broker.http import make_app
-from broker.metrics import Metrics
-from broker.service import Broker
 from tests.support.daemon import free_port
 
 HOUR_MS = 3_600_000

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from delayd.storage.commitlog import Record, RecordType
+from delayd.storage.inspect import ReadOnlySegments, scan_records
 
-from storage.commitlog import Record, RecordType
-from storage.inspect import ReadOnlySegments, scan_records
 from tests.integration.wire import Api, call, now_ms
 from tests.support.daemon import ROOT, DaemonProcess
 
@@ -48,7 +48,7 @@ def delayd_check(data_dir: Path) -> subprocess.CompletedProcess[str]:
     """`delayd check DIR --config F`: with the daemon's config, for its storage geometry."""
     config = data_dir.parent / f"{data_dir.name}-check.toml"
     config.write_text(CONFIG)
-    return subprocess.run([sys.executable, "-m", "broker", "check", str(data_dir), "--config", str(config)],
+    return subprocess.run([sys.executable, "-m", "delayd", "check", str(data_dir), "--config", str(config)],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
 
 

@@ -18,10 +18,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from delayd.storage import segments
+from delayd.storage.errors import DiskFull
+from delayd.storage.store import NewMessage, Store
 
-from storage import segments
-from storage.errors import DiskFull
-from storage.store import NewMessage, Store
 from tests.integration.wire import MSGPACK, Api, call, daemon_log_clean, now_ms
 from tests.support.daemon import ROOT, DaemonProcess, wait_until
 
@@ -32,7 +32,7 @@ def check_dir(data_dir: Path) -> subprocess.CompletedProcess[str]:
     """`delayd check DIR --config F`: with the daemon's config, for its storage geometry."""
     config = data_dir.parent / f"{data_dir.name}-check.toml"
     config.write_text(CONFIG)
-    return subprocess.run([sys.executable, "-m", "broker", "check", str(data_dir), "--config", str(config)],
+    return subprocess.run([sys.executable, "-m", "delayd", "check", str(data_dir), "--config", str(config)],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
 
 
@@ -140,7 +140,7 @@ def test_fsync_failure_answers_507_then_recovers(faulty):
 async def test_group_commit_refsyncs_after_a_failed_fsync(tmp_path, monkeypatch):
     """In process: after a failed fsync, a waiter with no new append of its own must still get
     a real fsync of the earlier appends before it is told they are durable."""
-    from broker.pipeline import GroupCommit
+    from delayd.broker.pipeline import GroupCommit
 
     fault = tmp_path / "faults"
     monkeypatch.setattr(segments, "FAULTS", segments.Faults(str(fault)))

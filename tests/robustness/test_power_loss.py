@@ -9,7 +9,8 @@ entries are zeroed: pages that never reached the disk read back as holes).
 
 from __future__ import annotations
 
-from storage.msgtable import ENTRY_SIZE
+from delayd.storage.msgtable import ENTRY_SIZE
+
 from tests.integration.wire import Api
 from tests.support.daemon import DaemonProcess
 

@@ -19,14 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from delayd.storage import inspect
+from delayd.storage.commitlog import CommitLog, Record, RecordFlag, RecordType
+from delayd.storage.msgtable import MessageState, MessageTable
+from delayd.storage.store import NewMessage, RecoveryReport, Store, StoreConfig
+from delayd.storage.timerlog import UNIT_SIZE
+from delayd.storage.timerwheel import HEADER as WHEEL_HEADER
+from delayd.storage.timerwheel import SLOT, SLOT_SIZE
 
-from storage import inspect
-from storage.commitlog import CommitLog, Record, RecordFlag, RecordType
-from storage.msgtable import MessageState, MessageTable
-from storage.store import NewMessage, RecoveryReport, Store, StoreConfig
-from storage.timerlog import UNIT_SIZE
-from storage.timerwheel import HEADER as WHEEL_HEADER
-from storage.timerwheel import SLOT, SLOT_SIZE
 from tests.storage.driver import Driver, delivered_seqs, drain, no_fsync, ready_units, topic_of
 
 T0 = 1_000_000
@@ -357,7 +357,7 @@ def test_damaged_timerlog_unit(sc: Scenario) -> None:
 def test_damaged_timerlog_unit_inside_a_pending_chain(sc: Scenario) -> None:
     # A unit the checkpoint covers, in the middle of a slot's chain that is still to fire: the
     # walk finds it, the wheel is rebuilt around it, and only its own message is lost.
-    from storage.timerlog import TimerLog
+    from delayd.storage.timerlog import TimerLog
     cp_end = max(int(ln.split("=")[1].split()[0]) for ln in inspect.dump(sc.dir, "checkpoint")
                  if ln.startswith("timerlog_end="))
     log = TimerLog(sc.dir / "timerlog", CFG.timerlog_segment_units)

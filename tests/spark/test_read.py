@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from delayd.client.spark import DataDirReader, DelaydSparkError
+from delayd.storage.commitlog import CommitLog, RecordType
 from pyspark.sql.types import LongType, StructField, StructType
 
-from client.spark import DataDirReader, DelaydSparkError
-from storage.commitlog import CommitLog, RecordType
 from tests.support.daemon import DaemonProcess, wait_until
 
 SEGMENT_BYTES = 65536

@@ -22,11 +22,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from storage.commitlog import Record
-from storage.errors import CorruptData
-from storage.msgtable import MessageState
-from storage.readyqueue import ReadyUnit
-from storage.store import Due, NewMessage, Store, StoreConfig
+from delayd.storage.commitlog import Record
+from delayd.storage.errors import CorruptData
+from delayd.storage.msgtable import MessageState
+from delayd.storage.readyqueue import ReadyUnit
+from delayd.storage.store import Due, NewMessage, Store, StoreConfig
 
 TOPICS = ("orders", "mail")
 

@@ -9,10 +9,9 @@ from pathlib import Path
 
 import msgpack
 import pytest
-
-from storage import checkpoint as ckpt
-from storage.checkpoint import CHECKPOINT_MAGIC, CHECKPOINT_VERSION, HEADER, Checkpoint
-from storage.errors import BadMagic, ChecksumMismatch, Insane, UnsupportedVersion
+from delayd.storage import checkpoint as ckpt
+from delayd.storage.checkpoint import CHECKPOINT_MAGIC, CHECKPOINT_VERSION, HEADER, Checkpoint
+from delayd.storage.errors import BadMagic, ChecksumMismatch, Insane, UnsupportedVersion
 
 
 def full() -> Checkpoint:

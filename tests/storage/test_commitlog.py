@@ -8,11 +8,10 @@ from pathlib import Path
 
 import msgpack
 import pytest
-
-from storage import commitlog as cl
-from storage.commitlog import HEADER_SIZE, CommitLog, Record, RecordType, ScanReport, decode, encode
-from storage.errors import ChecksumMismatch, CorruptData, TornRecord, UnsupportedVersion
-from storage.segments import segment_name
+from delayd.storage import commitlog as cl
+from delayd.storage.commitlog import HEADER_SIZE, CommitLog, Record, RecordType, ScanReport, decode, encode
+from delayd.storage.errors import ChecksumMismatch, CorruptData, TornRecord, UnsupportedVersion
+from delayd.storage.segments import segment_name
 
 
 def full_record(seq: int = 7, body: bytes = b"hello body") -> Record:
@@ -259,7 +258,7 @@ def test_header_size_constant() -> None:
 
 
 def test_encode_messages_matches_encode_record_by_record() -> None:
-    from storage.store import NewMessage
+    from delayd.storage.store import NewMessage
     msgs = [NewMessage("t", b"body", 5), NewMessage("täpic", b"", -3, tag="x", key="k", headers={"a": "b"}),
             NewMessage("t", b"z" * 300, 9, tag="", key=None, headers={})]
     got = cl.encode_messages(msgs, 40, 1234)

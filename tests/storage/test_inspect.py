@@ -7,9 +7,9 @@ import os
 from pathlib import Path
 
 import pytest
+from delayd.storage import inspect
+from delayd.storage.store import NewMessage, Store
 
-from storage import inspect
-from storage.store import NewMessage, Store
 from tests.storage.driver import SMALL, Driver, drain, open_store
 
 

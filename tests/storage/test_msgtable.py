@@ -6,7 +6,7 @@ import os
 import struct
 from pathlib import Path
 
-from storage.msgtable import ENTRY, ENTRY_SIZE, MessageState, MessageTable
+from delayd.storage.msgtable import ENTRY, ENTRY_SIZE, MessageState, MessageTable
 
 
 def test_entry_fields_at_their_offsets(tmp_path: Path) -> None:

@@ -6,8 +6,8 @@ import struct
 import zlib
 from pathlib import Path
 
-from storage.readyqueue import UNIT, UNIT_SIZE, ReadyQueue, ReadyUnit, tag_hash
-from storage.segments import segment_name
+from delayd.storage.readyqueue import UNIT, UNIT_SIZE, ReadyQueue, ReadyUnit, tag_hash
+from delayd.storage.segments import segment_name
 
 
 def u(i: int) -> tuple[int, int, int, int, int, int]:

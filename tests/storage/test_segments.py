@@ -7,9 +7,8 @@ import os
 from pathlib import Path
 
 import pytest
-
-from storage.errors import DiskFull, OffsetOutOfRange
-from storage.segments import SegmentedFile, segment_name
+from delayd.storage.errors import DiskFull, OffsetOutOfRange
+from delayd.storage.segments import SegmentedFile, segment_name
 
 
 def names(d: Path) -> list[str]:

@@ -16,15 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from delayd.storage.commitlog import RecordType
+from delayd.storage.errors import StorageError
+from delayd.storage.msgtable import MessageState
+from delayd.storage.readyqueue import tag_hash
+from delayd.storage.store import Due, NewMessage, RecoveryReport, Store, StoreConfig
+from delayd.storage.timerlog import UnitMagic
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from storage.commitlog import RecordType
-from storage.errors import StorageError
-from storage.msgtable import MessageState
-from storage.readyqueue import tag_hash
-from storage.store import Due, NewMessage, RecoveryReport, Store, StoreConfig
-from storage.timerlog import UnitMagic
 from tests.storage.driver import (
     SMALL,
     TOPICS,

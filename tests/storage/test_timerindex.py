@@ -10,14 +10,14 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from delayd.storage.errors import Insane
+from delayd.storage.timerindex import Entry, TimerIndex
+from delayd.storage.timerlog import NO_POS, UNIT_SIZE, UnitMagic
+from delayd.storage.timerwheel import Slot
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from storage.errors import Insane
-from storage.timerindex import Entry, TimerIndex
-from storage.timerlog import NO_POS, UNIT_SIZE, UnitMagic
-from storage.timerwheel import Slot
 from tests.storage.driver import no_fsync
 
 P, SLOTS = 10, 16  # precision_ms, slot_count: a span of 160 ms

@@ -6,10 +6,9 @@ import struct
 from pathlib import Path
 
 import pytest
-
-from storage.errors import Insane
-from storage.segments import segment_name
-from storage.timerlog import NO_POS, UNIT, UNIT_SIZE, TimerLog, Unit, UnitMagic, pack_unit, unpack_unit
+from delayd.storage.errors import Insane
+from delayd.storage.segments import segment_name
+from delayd.storage.timerlog import NO_POS, UNIT, UNIT_SIZE, TimerLog, Unit, UnitMagic, pack_unit, unpack_unit
 
 
 def test_every_field_sits_where_the_byte_table_says() -> None:

@@ -7,9 +7,8 @@ import zlib
 from pathlib import Path
 
 import pytest
-
-from storage.errors import BadMagic, ChecksumMismatch, GeometryMismatch, UnsupportedVersion
-from storage.timerwheel import HEADER, SLOT, SLOT_SIZE, WHEEL_MAGIC, WHEEL_VERSION, Slot, TimerWheel
+from delayd.storage.errors import BadMagic, ChecksumMismatch, GeometryMismatch, UnsupportedVersion
+from delayd.storage.timerwheel import HEADER, SLOT, SLOT_SIZE, WHEEL_MAGIC, WHEEL_VERSION, Slot, TimerWheel
 
 
 def test_a_fresh_wheel_has_a_valid_header(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """Start the real delayd daemon as a child process on loopback, for integration tests.
 
-Every integration test talks HTTP to a real `python -m broker serve` process; nothing is mocked.
+Every integration test talks HTTP to a real `python -m delayd serve` process; nothing is mocked.
 Waiting is always "poll until a condition, with a deadline" — never a fixed sleep.
 """
 
@@ -67,7 +67,7 @@ class DaemonProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "broker", "serve", "--data-dir", str(self.data_dir),
+        cmd = [sys.executable, "-m", "delayd", "serve", "--data-dir", str(self.data_dir),
                "--listen", f"127.0.0.1:{self.port}", "--fsync", self.fsync]
         if self.config_text is not None:
             cfg = self.data_dir.parent / f"{self.data_dir.name}-config.toml"

@@ -1,0 +1,3 @@
+from delayd.cli import main
+
+raise SystemExit(main())
