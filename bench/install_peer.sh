@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install the peer used by bench/daemon_vs_redis.py: Debian's redis-server, plus the
+# Install the peer used by `python -m bench.daemon_vs_redis`: Debian's redis-server, plus the
 # Python packages the benchmark needs (redis-py, psutil) into the project venv.
 # Idempotent: does nothing that is already done.
 set -euo pipefail

@@ -1,6 +1,6 @@
 """Key index micro-benchmark: inserts/s, lookups/s and process RSS as the index grows.
 
-    .venv/bin/python bench/keyindex_bench.py --keys 10000000
+    .venv/bin/python -m bench.keyindex_bench --keys 10000000
 
 Keys look like order ids ("order-<n>"), inserted in batches of 1,000 as the produce path
 does, committed once per 100 batches (the broker commits once per checkpoint), then looked

@@ -1,6 +1,6 @@
 """Per-key cost of each step the broker takes for a keyed produce, in process.
 
-    .venv/bin/python bench/keyindex_costs.py
+    .venv/bin/python -m bench.keyindex_costs
 
 A 300,000-key index, then 20 rounds of 1,000 new keys: the batched lookup a produce makes,
 the overlay update (`put_many`), the SQLite write the checkpoint makes in a worker thread

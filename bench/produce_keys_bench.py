@@ -1,6 +1,6 @@
 """Produce throughput with a key on every message vs. none, against one real daemon.
 
-    .venv/bin/python bench/produce_keys_bench.py [--n 100000] [--rounds 3] [--connections 8]
+    .venv/bin/python -m bench.produce_keys_bench [--n 100000] [--rounds 3] [--connections 8]
 
 Rounds alternate keyless and keyed so both see the same machine; batches of 1,000 msgpack
 messages, 100-byte bodies, delays over 1-48 h, fsync `always`. Prints the median of each and

@@ -10,9 +10,9 @@ Starts the real daemon (`python -m delayd serve`, fresh temp data dir, `--fsync 
           the daemon keeps running -> records/s for a full scan (count) and for an aggregation
           (per topic and record type: count, sum(body_size), min/max(deliver_at)), best of --runs
 
-    .venv/bin/python bench/spark_bench.py                                  # 200k write, 1M read
-    .venv/bin/python bench/spark_bench.py --rows 200000 --read-records 2000000 --segment-mib 16
-    .venv/bin/python bench/spark_bench.py --no-verify                      # read without CRC checks
+    .venv/bin/python -m bench.spark_bench                                  # 200k write, 1M read
+    .venv/bin/python -m bench.spark_bench --rows 200000 --read-records 2000000 --segment-mib 16
+    .venv/bin/python -m bench.spark_bench --no-verify                      # read without CRC checks
 
 Prints one line per measurement and a JSON summary (also written to --json).
 """
@@ -232,7 +232,7 @@ def main() -> int:
     proc = start_daemon(data_dir, port, args.fsync, args.segment_mib)
     spark = None
     result: dict[str, Any] = {
-        "command": " ".join([".venv/bin/python", "bench/spark_bench.py", *sys.argv[1:]]),
+        "command": " ".join([".venv/bin/python", "-m", "bench.spark_bench", *sys.argv[1:]]),
         "machine": {
             "cpus": os.cpu_count(),
             "platform": platform.platform(),

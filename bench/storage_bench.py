@@ -14,7 +14,7 @@ window). Prints msg/s per phase and combined (N / (append + index)), the median 
 and combined messages per CPU-second of this process (less sensitive to a busy machine; the
 wall-clock figure includes the fsyncs).
 
-    .venv/bin/python bench/storage_bench.py [-n 300000] [--batch 1000] [--runs 3] [--dir /tmp]
+    .venv/bin/python -m bench.storage_bench [-n 300000] [--batch 1000] [--runs 3] [--dir /tmp]
 """
 
 from __future__ import annotations

@@ -48,17 +48,23 @@ class DaemonProcess:
     """One `delayd serve` process with its own data directory and port.
 
     `restart()` keeps the data directory, so crash tests can `kill9()` and come back.
+    `command_prefix` replaces `python -m delayd` (the benchmark runs other builds that way);
+    `new_session` puts the daemon in its own session, so a Ctrl-C in the terminal reaches only the
+    parent, which then stops the daemon itself.
     """
 
     def __init__(self, data_dir: Path, *, port: int | None = None, fsync: str = "always",
                  extra_args: list[str] | None = None, env: dict[str, str] | None = None,
-                 config_text: str | None = None) -> None:
+                 config_text: str | None = None, command_prefix: list[str] | None = None,
+                 new_session: bool = False) -> None:
         self.data_dir = Path(data_dir)
         self.port = port or free_port()
         self.fsync = fsync
         self.extra_args = list(extra_args or [])
         self.env = dict(env or {})
         self.config_text = config_text
+        self.command_prefix = list(command_prefix or [sys.executable, "-m", "delayd"])
+        self.new_session = new_session
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = self.data_dir.parent / f"{self.data_dir.name}-daemon.log"
 
@@ -67,7 +73,7 @@ class DaemonProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "delayd", "serve", "--data-dir", str(self.data_dir),
+        cmd = [*self.command_prefix, "serve", "--data-dir", str(self.data_dir),
                "--listen", f"127.0.0.1:{self.port}", "--fsync", self.fsync]
         if self.config_text is not None:
             cfg = self.data_dir.parent / f"{self.data_dir.name}-config.toml"
@@ -79,7 +85,8 @@ class DaemonProcess:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
         env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
-        self.proc = subprocess.Popen(self.command(), cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(self.command(), cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                     start_new_session=self.new_session)
         log.close()
         STARTED.append(self)
         if wait_ready:
