@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import ipaddress
 import logging
+import os
 import signal
 import ssl
 import sys
@@ -21,6 +22,9 @@ from delayd.broker.clock import Clock
 from delayd.broker.config import Config, ConfigError
 
 log = logging.getLogger("delayd")
+# Client address, request line, status, response bytes, seconds, user agent. Never a header that
+# could carry a token.
+ACCESS_LOG_FORMAT = '%a "%r" %s %b %Tf "%{User-Agent}i"'
 
 
 def _is_loopback(host: str) -> bool:
@@ -67,7 +71,10 @@ async def serve(cfg: Config, clock: Clock | None = None) -> int:
     # within request_timeout_s (aiohttp arms its keep-alive timer at connect and after each
     # response) is closed; a stalled body is cut by read_body (408); the rest of an unread
     # body is drained for at most lingering_time.
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0,
+    access: dict[str, Any] = {"access_log": None}
+    if cfg.access_log:
+        access = {"access_log": logging.getLogger("delayd.access"), "access_log_format": ACCESS_LOG_FORMAT}
+    runner = web.AppRunner(app, **access, handle_signals=False, shutdown_timeout=5.0,
                            keepalive_timeout=cfg.request_timeout_s,
                            lingering_time=min(10.0, cfg.request_timeout_s))
     await runner.setup()
@@ -114,7 +121,8 @@ class _NoClientErrorTracebacks(logging.Filter):
 
 def _run_serve(args: argparse.Namespace) -> int:
     flags = {"data_dir": args.data_dir, "listen": args.listen, "fsync": args.fsync, "node_id": args.node_id,
-             "insecure": True if args.insecure else None}
+             "insecure": True if args.insecure else None, "log_level": args.log_level,
+             "access_log": args.access_log}
     try:
         cfg = config_mod.load(args.config, flags=flags)
     except ConfigError as e:
@@ -125,8 +133,10 @@ def _run_serve(args: argparse.Namespace) -> int:
         print(f"delayd: refusing to listen on non-loopback {host} without auth tokens "
               "(configure [[auth.tokens]] or pass --insecure)", file=sys.stderr)
         return 2
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("aiohttp.server").addFilter(_NoClientErrorTracebacks())
+    if cfg.access_log:  # asked for explicitly, so shown whatever --log-level says
+        logging.getLogger("delayd.access").setLevel(logging.INFO)
     try:
         import uvloop
         return int(uvloop.run(serve(cfg)))
@@ -154,9 +164,15 @@ def _run_check(args: argparse.Namespace) -> int:
 
 def _run_dump(args: argparse.Namespace) -> int:
     from delayd.storage import inspect
-    for line in inspect.dump(Path(args.data_dir), args.what, segment=args.segment, start=args.start,
-                             limit=args.limit, topic=args.topic, config=_store_config(args)):
-        print(line)
+    try:
+        for line in inspect.dump(Path(args.data_dir), args.what, segment=args.segment, start=args.start,
+                                 limit=args.limit, topic=args.topic, config=_store_config(args)):
+            print(line)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # `delayd dump ... | head` closed the pipe: the reader has what it wanted. Point stdout at
+        # /dev/null so the interpreter's final flush does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 
@@ -172,6 +188,10 @@ def register(sub: Any) -> None:
     s.add_argument("--config", default=None, help="TOML configuration file")
     s.add_argument("--node-id", default=None, help="prefix of message ids (one per shard)")
     s.add_argument("--insecure", action="store_true", help="allow a non-loopback listen without tokens")
+    s.add_argument("--log-level", default=None, choices=config_mod.LOG_LEVELS, type=str.lower,
+                   help="debug, info (default), warning or error (env DELAYD_LOG_LEVEL)")
+    s.add_argument("--access-log", action="store_true", default=None,
+                   help="log one line per HTTP request (logger delayd.access; off by default)")
     s.set_defaults(func=_run_serve)
     c = sub.add_parser("check", help="verify every CRC and chain of a (stopped or live) data directory")
     c.add_argument("data_dir")
