@@ -137,6 +137,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     logging.getLogger("aiohttp.server").addFilter(_NoClientErrorTracebacks())
     if cfg.access_log:  # asked for explicitly, so shown whatever --log-level says
         logging.getLogger("delayd.access").setLevel(logging.INFO)
+    log.debug("effective configuration: %r", cfg)  # Token's repr leaves the secret out
     try:
         import uvloop
         return int(uvloop.run(serve(cfg)))
