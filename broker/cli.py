@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from delayd.broker import admin_token
 from delayd.broker import config as config_mod
 from delayd.broker.clock import Clock
 from delayd.broker.config import Config, ConfigError
@@ -122,9 +123,10 @@ class _NoClientErrorTracebacks(logging.Filter):
 def _run_serve(args: argparse.Namespace) -> int:
     flags = {"data_dir": args.data_dir, "listen": args.listen, "fsync": args.fsync, "node_id": args.node_id,
              "insecure": True if args.insecure else None, "log_level": args.log_level,
-             "access_log": args.access_log}
+             "access_log": args.access_log, "auto_token": args.auto_token}
     try:
         cfg = config_mod.load(args.config, flags=flags)
+        cfg, token_file, token_created = admin_token.ensure(cfg)
     except ConfigError as e:
         print(f"delayd: {e}", file=sys.stderr)
         return 2
@@ -138,6 +140,9 @@ def _run_serve(args: argparse.Namespace) -> int:
     if cfg.access_log:  # asked for explicitly, so shown whatever --log-level says
         logging.getLogger("delayd.access").setLevel(logging.INFO)
     log.debug("effective configuration: %r", cfg)  # Token's repr leaves the secret out
+    if token_file is not None:  # the file's name, never the token
+        log.warning("no auth tokens configured: every /v1 call and /metrics need the admin token %s in %s",
+                    "generated now" if token_created else "kept", token_file)
     try:
         import uvloop
         return int(uvloop.run(serve(cfg)))
@@ -189,6 +194,9 @@ def register(sub: Any) -> None:
     s.add_argument("--config", default=None, help="TOML configuration file")
     s.add_argument("--node-id", default=None, help="prefix of message ids (one per shard)")
     s.add_argument("--insecure", action="store_true", help="allow a non-loopback listen without tokens")
+    s.add_argument("--auto-token", action="store_true", default=None,
+                   help="without configured tokens, require a generated admin token kept in "
+                        "DATA_DIR/admin.token (mode 0600); the container image's default")
     s.add_argument("--log-level", default=None, choices=config_mod.LOG_LEVELS, type=str.lower,
                    help="debug, info (default), warning or error (env DELAYD_LOG_LEVEL)")
     s.add_argument("--access-log", action="store_true", default=None,

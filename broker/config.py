@@ -42,6 +42,7 @@ class Config:
     fsync_interval_ms: int = 1000
     node_id: str = "d"
     insecure: bool = False
+    auto_token: bool = False  # no tokens configured: serve with a generated one (broker.admin_token)
     # logging
     log_level: str = "info"
     access_log: bool = False  # one line per HTTP request (logger delayd.access); off by default
