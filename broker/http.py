@@ -87,7 +87,7 @@ async def metrics_middleware(request: web.Request, handler: Handler) -> web.Stre
     """Request duration by route template (never the raw path: ids and keys would make a series
     each) and status. Outermost, so it sees the status the error middleware chose."""
     started = time.monotonic()
-    status = 500
+    status: int | None = None  # None: cancelled (client gone, shutdown): no status to count
     try:
         resp = await handler(request)
         status = resp.status
@@ -95,10 +95,14 @@ async def metrics_middleware(request: web.Request, handler: Handler) -> web.Stre
     except web.HTTPException as e:
         status = e.status
         raise
+    except Exception:
+        status = 500
+        raise
     finally:
-        resource = request.match_info.route.resource
-        route = resource.canonical if resource is not None else None
-        request.app[METRICS].observe_request(request.method, route, status, time.monotonic() - started)
+        if status is not None:
+            resource = request.match_info.route.resource
+            route = resource.canonical if resource is not None else None
+            request.app[METRICS].observe_request(request.method, route, status, time.monotonic() - started)
 
 
 @web.middleware
