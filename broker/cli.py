@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import ipaddress
 import logging
+import os
 import signal
 import ssl
 import sys
@@ -16,11 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from delayd.broker import admin_token
 from delayd.broker import config as config_mod
 from delayd.broker.clock import Clock
 from delayd.broker.config import Config, ConfigError
 
 log = logging.getLogger("delayd")
+# Client address, request line, status, response bytes, seconds, user agent. Never a header that
+# could carry a token.
+ACCESS_LOG_FORMAT = '%a "%r" %s %b %Tf "%{User-Agent}i"'
 
 
 def _is_loopback(host: str) -> bool:
@@ -67,7 +72,10 @@ async def serve(cfg: Config, clock: Clock | None = None) -> int:
     # within request_timeout_s (aiohttp arms its keep-alive timer at connect and after each
     # response) is closed; a stalled body is cut by read_body (408); the rest of an unread
     # body is drained for at most lingering_time.
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0,
+    access: dict[str, Any] = {"access_log": None}
+    if cfg.access_log:
+        access = {"access_log": logging.getLogger("delayd.access"), "access_log_format": ACCESS_LOG_FORMAT}
+    runner = web.AppRunner(app, **access, handle_signals=False, shutdown_timeout=5.0,
                            keepalive_timeout=cfg.request_timeout_s,
                            lingering_time=min(10.0, cfg.request_timeout_s))
     await runner.setup()
@@ -114,9 +122,11 @@ class _NoClientErrorTracebacks(logging.Filter):
 
 def _run_serve(args: argparse.Namespace) -> int:
     flags = {"data_dir": args.data_dir, "listen": args.listen, "fsync": args.fsync, "node_id": args.node_id,
-             "insecure": True if args.insecure else None}
+             "insecure": True if args.insecure else None, "log_level": args.log_level,
+             "access_log": args.access_log, "auto_token": args.auto_token}
     try:
         cfg = config_mod.load(args.config, flags=flags)
+        cfg, token_file, token_created = admin_token.ensure(cfg)
     except ConfigError as e:
         print(f"delayd: {e}", file=sys.stderr)
         return 2
@@ -125,8 +135,14 @@ def _run_serve(args: argparse.Namespace) -> int:
         print(f"delayd: refusing to listen on non-loopback {host} without auth tokens "
               "(configure [[auth.tokens]] or pass --insecure)", file=sys.stderr)
         return 2
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("aiohttp.server").addFilter(_NoClientErrorTracebacks())
+    if cfg.access_log:  # asked for explicitly, so shown whatever --log-level says
+        logging.getLogger("delayd.access").setLevel(logging.INFO)
+    log.debug("effective configuration: %r", cfg)  # Token's repr leaves the secret out
+    if token_file is not None:  # the file's name, never the token
+        log.warning("no auth tokens configured: every /v1 call and /metrics need the admin token %s in %s",
+                    "generated now" if token_created else "kept", token_file)
     try:
         import uvloop
         return int(uvloop.run(serve(cfg)))
@@ -154,9 +170,15 @@ def _run_check(args: argparse.Namespace) -> int:
 
 def _run_dump(args: argparse.Namespace) -> int:
     from delayd.storage import inspect
-    for line in inspect.dump(Path(args.data_dir), args.what, segment=args.segment, start=args.start,
-                             limit=args.limit, topic=args.topic, config=_store_config(args)):
-        print(line)
+    try:
+        for line in inspect.dump(Path(args.data_dir), args.what, segment=args.segment, start=args.start,
+                                 limit=args.limit, topic=args.topic, config=_store_config(args)):
+            print(line)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # `delayd dump ... | head` closed the pipe: the reader has what it wanted. Point stdout at
+        # /dev/null so the interpreter's final flush does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 
@@ -172,6 +194,13 @@ def register(sub: Any) -> None:
     s.add_argument("--config", default=None, help="TOML configuration file")
     s.add_argument("--node-id", default=None, help="prefix of message ids (one per shard)")
     s.add_argument("--insecure", action="store_true", help="allow a non-loopback listen without tokens")
+    s.add_argument("--auto-token", action="store_true", default=None,
+                   help="without configured tokens, require a generated admin token kept in "
+                        "DATA_DIR/admin.token (mode 0600); the container image's default")
+    s.add_argument("--log-level", default=None, choices=config_mod.LOG_LEVELS, type=str.lower,
+                   help="debug, info (default), warning or error (env DELAYD_LOG_LEVEL)")
+    s.add_argument("--access-log", action="store_true", default=None,
+                   help="log one line per HTTP request (logger delayd.access; off by default)")
     s.set_defaults(func=_run_serve)
     c = sub.add_parser("check", help="verify every CRC and chain of a (stopped or live) data directory")
     c.add_argument("data_dir")

@@ -10,6 +10,7 @@ import base64
 import binascii
 import json
 import re
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import msgpack
@@ -195,8 +196,13 @@ def parse_message(topic: str, m: Any, index: int, cfg: Config, now_ms: int) -> t
         deliver_at = now_ms + d
     elif "deliver_at" in m:
         deliver_at = m["deliver_at"]
+        if isinstance(deliver_at, str):
+            deliver_at = parse_iso_time(deliver_at)
+            if deliver_at is None:
+                raise bad("deliver_at must be epoch ms or an ISO 8601 time with a zone, "
+                          "like 2027-01-01T08:00:00Z or 2027-01-01T09:00:00+01:00")
         if not _int(deliver_at) or deliver_at < 0:
-            raise bad("deliver_at must be an integer epoch-ms time >= 0")
+            raise bad("deliver_at must be an integer epoch-ms time >= 0 (or an ISO 8601 time from 1970 on)")
         if deliver_at > now_ms + cfg.max_delay_ms:
             raise bad(f"deliver_at is beyond the maximum horizon of {cfg.max_delay_ms} ms", errors.DelayTooLong)
     else:
@@ -224,6 +230,32 @@ def parse_message(topic: str, m: Any, index: int, cfg: Config, now_ms: int) -> t
     if not isinstance(replace, bool):
         raise bad("replace must be a boolean")
     return NewMessage(topic, body, deliver_at, tag or None, key, headers), replace
+
+
+# RFC 3339 (the ISO 8601 profile of the internet): date, time to the minute or beyond, and a zone,
+# which is required: a time without one means a different instant on every machine.
+ISO_TIME = re.compile(r"(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2})(?::(\d{2})(?:\.(\d{1,9}))?)?"
+                      r"(?:([Zz])|([+-])(\d{2}):(\d{2}))", re.ASCII)
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def parse_iso_time(text: str) -> int | None:
+    """Epoch ms of an ISO 8601 / RFC 3339 time with a zone (fractions below 1 ms are dropped);
+    None when it is not one, names no zone, or names an impossible date."""
+    m = ISO_TIME.fullmatch(text)
+    if m is None:
+        return None
+    year, month, day, hour, minute, second, frac, _z, sign, off_h, off_m = m.groups()
+    try:
+        offset = timedelta(hours=int(off_h), minutes=int(off_m)) if sign else timedelta(0)
+        if int(off_m or 0) >= 60:
+            return None
+        zone = timezone(-offset if sign == "-" else offset)
+        when = datetime(int(year), int(month), int(day), int(hour), int(minute), int(second or 0), tzinfo=zone)
+    except ValueError:  # month 13, second 60, an offset of a day or more
+        return None
+    ms = int((frac or "0").ljust(3, "0")[:3])
+    return (when - EPOCH) // timedelta(milliseconds=1) + ms
 
 
 def _has_surrogates(s: str) -> bool:

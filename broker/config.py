@@ -17,6 +17,7 @@ from delayd.storage.store import StoreConfig
 DAY_MS = 86_400_000
 FSYNC_POLICIES = ("always", "interval", "never")
 RIGHTS = ("produce", "consume", "admin")
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 class ConfigError(ValueError):
@@ -41,6 +42,10 @@ class Config:
     fsync_interval_ms: int = 1000
     node_id: str = "d"
     insecure: bool = False
+    auto_token: bool = False  # no tokens configured: serve with a generated one (broker.admin_token)
+    # logging
+    log_level: str = "info"
+    access_log: bool = False  # one line per HTTP request (logger delayd.access); off by default
     # timer
     precision_ms: int = 1000
     roll_window_ms: int = 2 * DAY_MS
@@ -87,6 +92,8 @@ class Config:
     def validate(self) -> Config:
         if self.fsync not in FSYNC_POLICIES:
             raise ConfigError(f"fsync must be one of {FSYNC_POLICIES}, not {self.fsync!r}")
+        if self.log_level.lower() not in LOG_LEVELS:
+            raise ConfigError(f"log_level must be one of {LOG_LEVELS}, not {self.log_level!r}")
         if not 10 <= self.precision_ms <= 1000:
             raise ConfigError("precision_ms must be within 10..1000")
         if not 1000 <= self.roll_window_ms <= 20 * DAY_MS:
@@ -149,7 +156,7 @@ def load(config_file: str | None = None, env: dict[str, str] | None = None,
             raise ConfigError(f"cannot read config {config_file}: {e}") from e
         auth = data.pop("auth", {}) or {}
         values["tokens"] = _tokens(auth.get("tokens"))
-        for section in ("server", "storage", "timer", "limits", "consumers", "tls"):
+        for section in ("server", "storage", "timer", "limits", "consumers", "tls", "logging"):
             values.update(data.pop(section, {}) or {})
         values.update(data)
     for name in types:

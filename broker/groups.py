@@ -69,6 +69,7 @@ class Group:
     acked_total: int = 0
     nacked_total: int = 0
     dead_total: int = 0
+    deleted: bool = False  # removed by DELETE; a long-poll still holding it ends empty
 
     @property
     def key(self) -> str:
@@ -158,6 +159,9 @@ class Groups:
             return
         if g is None:
             return
+        if op == "delete":
+            del self.groups[key]
+            return
         if op == "ack":
             for i in ev["idx"]:
                 g.mark_done(i)
@@ -191,6 +195,19 @@ class Groups:
             self.log_event(topic, name, {"op": "create", "start": g.floor, "mode": g.start,
                                          "max_attempts": max_attempts})
         return g
+
+    def delete(self, topic: str, name: str) -> bool:
+        """Remove a group: its position, leases and dead letters are forgotten, and the
+        deletion is logged like every other group event. False when there is no such group."""
+        g = self.groups.get(f"{topic}/{name}")
+        if g is None:
+            return False
+        self.log_event(topic, name, {"op": "delete"})  # first: a write that fails changes nothing
+        del self.groups[g.key]
+        g.deleted = True
+        g.leases.clear()
+        self.notify(topic)  # long-polls of the deleted group end now
+        return True
 
     def event(self, topic: str) -> asyncio.Event:
         ev = self.changed.get(topic)
@@ -397,6 +414,17 @@ class Groups:
         inflight = len(g.leases) - expired
         return {"backlog": max(0, q.end - g.cursor) + waiting + expired, "inflight": inflight,
                 "dead": len(g.dead)}
+
+    def oldest_unacked_due_ms(self, g: Group) -> int | None:
+        """`deliver_at` of the group's oldest message that is due and not acked (nor dead), or
+        None when it has none. Everything below the floor is settled except redriven dead
+        letters, and the floor itself is never settled, so this is one ready-queue read."""
+        q = self.store.queue(g.topic)
+        oldest = min([g.floor, *g.revived])
+        if oldest >= q.end:
+            return None
+        units = q.read(oldest, 1)
+        return units[0].deliver_at if units else None
 
 
 def encode_event(ev: dict[str, Any]) -> bytes:

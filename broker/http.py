@@ -1,8 +1,9 @@
-"""The HTTP API v1 (see shared/API.md) on aiohttp.
+"""The HTTP API v1 (see docs/api.md) on aiohttp.
 
 Handlers decode and validate (broker.codec), call the Broker, and encode in the request's
-format. Two middlewares do the rest: one maps every error to the API's error body with its
-status (no bad input ever becomes a 5xx), one checks bearer tokens when they are configured.
+format. Middlewares do the rest: one times each request by route for /metrics, one maps every
+error to the API's error body with its status (no bad input ever becomes a 5xx), one checks
+bearer tokens when they are configured.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ import fnmatch
 import hmac
 import logging
 import re
+import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 from delayd.broker import codec, errors
@@ -27,7 +29,15 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 BROKER = web.AppKey("broker", Broker)
 CONFIG = web.AppKey("config", Config)
-METRICS = web.AppKey("metrics", object)
+class MetricsSink(Protocol):
+    """What the HTTP layer needs of broker.metrics.Metrics (the daemon never imports it here)."""
+
+    def observe_request(self, method: str, route: str | None, status: int, seconds: float) -> None: ...
+
+    def render(self) -> tuple[bytes, str]: ...
+
+
+METRICS = web.AppKey("metrics", MetricsSink)
 
 
 def reply(request: web.Request, obj: Any, status: int = 200) -> web.Response:
@@ -72,6 +82,29 @@ async def read_body(request: web.Request) -> Any:
 
 
 # -- middlewares ------------------------------------------------------------------------------
+@web.middleware
+async def metrics_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Request duration by route template (never the raw path: ids and keys would make a series
+    each) and status. Outermost, so it sees the status the error middleware chose."""
+    started = time.monotonic()
+    status: int | None = None  # None: cancelled (client gone, shutdown): no status to count
+    try:
+        resp = await handler(request)
+        status = resp.status
+        return resp
+    except web.HTTPException as e:
+        status = e.status
+        raise
+    except Exception:
+        status = 500
+        raise
+    finally:
+        if status is not None:
+            resource = request.match_info.route.resource
+            route = resource.canonical if resource is not None else None
+            request.app[METRICS].observe_request(request.method, route, status, time.monotonic() - started)
+
+
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
@@ -214,6 +247,20 @@ async def subscribe(request: web.Request) -> web.Response:
     return reply(request, g.settings())
 
 
+async def show_subscription(request: web.Request) -> web.Response:
+    topic, name = topic_of(request), group_of(request)
+    authorize(request, "consume", topic)
+    return reply(request, request.app[BROKER].subscription(topic, name))
+
+
+async def delete_subscription(request: web.Request) -> web.Response:
+    topic, name = topic_of(request), group_of(request)
+    # Deleting drops other consumers' position and dead letters: an admin's act, like
+    # RocketMQ's deleteSubGroup, not something every consumer token may do.
+    authorize(request, "admin", topic)
+    return reply(request, await request.app[BROKER].delete_group(topic, name))
+
+
 async def pull(request: web.Request) -> web.Response:
     topic, name = topic_of(request), group_of(request)
     authorize(request, "consume", topic)
@@ -323,14 +370,14 @@ async def openapi(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     authorize(request, "admin")
-    body, content_type = request.app[METRICS].render()  # type: ignore[attr-defined]
+    body, content_type = request.app[METRICS].render()
     resp = web.Response(body=body)
     resp.headers["Content-Type"] = content_type
     return resp
 
 
-def make_app(broker: Broker, config: Config, metrics_obj: Any) -> web.Application:
-    mws = [error_middleware] + ([_auth_middleware(config.tokens)] if config.tokens else [])
+def make_app(broker: Broker, config: Config, metrics_obj: MetricsSink) -> web.Application:
+    mws = [metrics_middleware, error_middleware] + ([_auth_middleware(config.tokens)] if config.tokens else [])
     app = web.Application(middlewares=mws, client_max_size=config.max_request_bytes)
     app[BROKER] = broker
     app[CONFIG] = config
@@ -343,6 +390,8 @@ def make_app(broker: Broker, config: Config, metrics_obj: Any) -> web.Applicatio
         web.delete(f"{t}/keys/{{key}}", cancel_key),
         web.get(f"{t}/keys/{{key}}", get_key, allow_head=False),
         web.put(g, subscribe),
+        web.get(g, show_subscription, allow_head=False),
+        web.delete(g, delete_subscription),
         web.post(f"{g}/pull", pull),
         web.post(f"{g}/{{op:ack|nack|extend}}", settle),
         web.get(f"{g}/dead", dead, allow_head=False),

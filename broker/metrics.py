@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,7 +13,16 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-LATENESS_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+from delayd import __version__
+
+# Up to a day: after an outage, messages that fell due meanwhile are released hours late, and
+# that is exactly when an operator needs to see how late (not one +Inf bucket).
+LATENESS_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
+                    120, 300, 600, 1800, 3600, 7200, 21600, 86400)
+# Long-polls wait up to 30 s by design, so the request buckets reach past that.
+HTTP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+FSYNC_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
+UNMATCHED_ROUTE = "unmatched"  # 404s are labelled by this, never by the raw path (cardinality)
 
 
 class Metrics:
@@ -23,8 +33,18 @@ class Metrics:
                                   buckets=LATENESS_BUCKETS, registry=self.registry)
         self.delivered = Counter("delayd_delivered", "Messages released to their topic", ["topic"],
                                  registry=self.registry)
+        self.http = Histogram("delayd_http_request_duration_seconds",
+                              "HTTP requests by method, route template and status",
+                              ["method", "route", "status"], buckets=HTTP_BUCKETS, registry=self.registry)
+        self.fsync = Histogram("delayd_commitlog_fsync_duration_seconds",
+                               "Duration of each group-commit fsync of the commit log",
+                               buckets=FSYNC_BUCKETS, registry=self.registry)
         self.registry.register(_Live(broker))
         broker.listeners.append(self)
+        broker.fsync_listeners.append(self.fsync.observe)
+
+    def observe_request(self, method: str, route: str | None, status: int, seconds: float) -> None:
+        self.http.labels(method, route or UNMATCHED_ROUTE, str(status)).observe(seconds)
 
     def on_release(self, dues: list[Due], now: int) -> None:
         per_topic: dict[str, int] = {}
@@ -46,6 +66,10 @@ class _Live(Collector):
 
     def collect(self) -> Iterator[Any]:
         b = self.broker
+        info = GaugeMetricFamily("delayd_build_info", "Always 1; the labels say which build runs",
+                                 labels=["version", "python", "node_id"])
+        info.add_metric([__version__, platform.python_version(), b.cfg.node_id], 1)
+        yield info
         store, groups, pipeline = b.store, b.groups, b.pipeline
         if store is None or groups is None or pipeline is None or not b.ready:
             return
@@ -63,6 +87,10 @@ class _Live(Collector):
         backlog = GaugeMetricFamily("delayd_group_backlog", "Due messages not yet handed out", labels=["topic", "group"])
         inflight = GaugeMetricFamily("delayd_group_inflight", "Messages leased to consumers", labels=["topic", "group"])
         dead = GaugeMetricFamily("delayd_group_dead", "Dead letters held", labels=["topic", "group"])
+        oldest = GaugeMetricFamily("delayd_group_oldest_unacked_age_seconds",
+                                   "Now minus deliver_at of the group's oldest due, unacked message (0: none)",
+                                   labels=["topic", "group"])
+        now = b.clock.now_ms()
         for g in groups.groups.values():
             s = groups.stats(g)
             acked.add_metric([g.topic, g.name], g.acked_total)
@@ -71,7 +99,9 @@ class _Live(Collector):
             backlog.add_metric([g.topic, g.name], s["backlog"])
             inflight.add_metric([g.topic, g.name], s["inflight"])
             dead.add_metric([g.topic, g.name], s["dead"])
-        yield from (acked, nacked, dead_t, backlog, inflight, dead)
+            due = groups.oldest_unacked_due_ms(g)
+            oldest.add_metric([g.topic, g.name], 0 if due is None else max(0, now - due) / 1000)
+        yield from (acked, nacked, dead_t, backlog, inflight, dead, oldest)
         depth = GaugeMetricFamily("delayd_stage_queue_depth", "Items waiting in front of each stage", labels=["stage"])
         for name, n in pipeline.depths().items():
             depth.add_metric([name], n)

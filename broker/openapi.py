@@ -1,147 +1,261 @@
-"""API v1 as OpenAPI 3, kept beside the routes (broker.http) and tested against real answers
-(tests/integration/test_observe.py validates every endpoint's responses with these schemas)."""
+"""API v1 (docs/api.md) as an OpenAPI 3.0 document, kept beside the routes (broker.http).
+
+Tested three ways: openapi-spec-validator checks the document itself; every endpoint's real
+answers are validated against these schemas (tests/integration/test_observe.py); schemathesis
+generates requests from it against a live daemon (tests/robustness/test_schemathesis.py).
+
+Shapes used by more than one operation live in `components` and are referenced with `$ref`.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-NAME = {"type": "string", "pattern": r"^[A-Za-z0-9_\-][A-Za-z0-9._\-]{0,127}$"}
-INT = {"type": "integer"}
-STR = {"type": "string"}
-BOOL = {"type": "boolean"}
-NULLABLE_STR = {"type": "string", "nullable": True}
+from delayd import __version__
+
+MAX_HOURS_MS = 12 * 3_600_000
+JSON = "application/json"
+MSGPACK = "application/msgpack"
 
 
-def obj(required: list[str], props: dict[str, Any], closed: bool = False) -> dict[str, Any]:
-    """An object schema; `closed` (no other fields) is how request bodies are validated."""
-    out: dict[str, Any] = {"type": "object", "required": required, "properties": props}
+def ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def obj(props: dict[str, Any], required: tuple[str, ...] = (), closed: bool = False) -> dict[str, Any]:
+    """An object schema. `closed` (no other fields) is how request bodies are validated: the
+    daemon refuses unknown fields. OpenAPI 3.0 forbids an empty `required` list, so none is
+    written when nothing is required."""
+    out: dict[str, Any] = {"type": "object", "properties": props}
+    if required:
+        out["required"] = list(required)
     if closed:
         out["additionalProperties"] = False
     return out
 
 
+INT = {"type": "integer"}
+COUNT = {"type": "integer", "minimum": 0}
+STR = {"type": "string"}
+BOOL = {"type": "boolean"}
+NULLABLE_STR = {"type": "string", "nullable": True}
+EPOCH_MS = {"type": "integer", "minimum": 0, "description": "epoch milliseconds (UTC)"}
+RECEIPTS = {"type": "array", "items": STR, "maxItems": 10_000}
+LEASE = {"type": "integer", "minimum": 1000, "maximum": MAX_HOURS_MS}
+HEADERS = {"type": "object", "additionalProperties": STR}
+BODY_PROPS = {"body": {"type": "string", "description": "UTF-8 text (bytes in msgpack)"},
+              "body_b64": {"type": "string", "description": "base64 of a binary body (JSON only)"}}
+# A message as the daemon shows it: JSON answers carry `body` (UTF-8 text) or `body_b64`.
+VIEW_PROPS = {"id": STR, "topic": STR, "key": NULLABLE_STR, "tag": NULLABLE_STR, "headers": HEADERS,
+              **BODY_PROPS, "deliver_at": EPOCH_MS}
+VIEW_REQUIRED = ("id", "topic", "key", "tag", "headers", "deliver_at")
+
+
 def count_map(*fields: str) -> dict[str, Any]:
-    return {"type": "object", "additionalProperties": obj(list(fields), {f: INT for f in fields})}
+    return {"type": "object", "additionalProperties": obj({f: COUNT for f in fields}, fields)}
 
 
-ERROR = obj(["error"], {"error": obj(["code", "message"], {"code": STR, "message": STR, "index": INT})})
-MESSAGE_IN = {"type": "object", "additionalProperties": False, "properties": {
-    "body": STR, "body_b64": STR, "delay_ms": {"type": "integer", "minimum": 0}, "deliver_at": INT,
-    "key": {"type": "string", "minLength": 1}, "tag": {"type": "string", "maxLength": 128},
-    "headers": {"type": "object", "additionalProperties": STR, "maxProperties": 64}, "replace": BOOL}}
-PRODUCED = obj(["messages"], {"messages": {"type": "array", "items": obj(
-    ["id", "deliver_at", "duplicate"], {"id": STR, "deliver_at": INT, "duplicate": BOOL})}})
-# JSON answers carry `body` (UTF-8 text) or `body_b64` (anything else); msgpack answers `body` as bin.
-VIEW_PROPS = {"id": STR, "topic": STR, "key": NULLABLE_STR, "tag": NULLABLE_STR,
-              "headers": {"type": "object", "additionalProperties": STR}, "body": STR, "body_b64": STR,
-              "deliver_at": INT}
-VIEW_REQUIRED = ["id", "topic", "key", "tag", "headers", "deliver_at"]
-MESSAGE_VIEW = obj(VIEW_REQUIRED + ["produced_at", "state"], {
-    **VIEW_PROPS, "produced_at": INT, "state": {"type": "string", "enum": ["scheduled", "delivered", "cancelled"]}})
-PULLED = obj(VIEW_REQUIRED + ["receipt", "delivered_at", "attempt"],
-             {**VIEW_PROPS, "receipt": STR, "delivered_at": INT, "attempt": {"type": "integer", "minimum": 1}})
-DEAD = obj(["id", "attempt", "reason"], {**VIEW_PROPS, "produced_at": INT, "attempt": INT, "reason": STR})
-RECEIPT_LIST = {"type": "array", "items": STR, "maxItems": 10000}
-DURATION = {"type": "integer", "minimum": 0, "maximum": 12 * 3_600_000}
-LEASE = {"type": "integer", "minimum": 1000, "maximum": 12 * 3_600_000}
-SETTINGS = obj(["topic", "group", "start", "max_attempts"], {"topic": STR, "group": STR, "start": {"enum": ["earliest", "latest"]}, "max_attempts": INT})
-STATS = obj(["scheduled", "produced_total", "delivered_total", "cancelled_total", "lateness_ms", "topics",
-             "groups", "pipeline", "disk_bytes"], {
-    "node_id": STR, "scheduled": INT, "produced_total": INT, "delivered_total": INT, "cancelled_total": INT,
-    "rolled_total": INT, "lateness_ms": obj(["p50", "p99", "max"], {"p50": INT, "p99": INT, "max": INT}),
-    "topics": count_map("scheduled", "delivered_total"), "groups": count_map("backlog", "inflight", "dead"),
-    "pipeline": {"type": "object", "additionalProperties": INT}, "disk_bytes": INT,
-    "recovery_seconds": {"type": "number"}, "wall_clock_skew_ms": INT})
-SCHEDULE = obj(["buckets"], {"buckets": {"type": "array", "maxItems": 10000, "items": {
-    "type": "array", "items": INT, "minItems": 2, "maxItems": 2}}})
-STATUS = obj(["status"], {"status": STR})
+SCHEMAS: dict[str, Any] = {
+    "Error": obj({"error": obj({"code": {"type": "string", "pattern": "^[a-z_]+$"}, "message": STR,
+                                "index": {"type": "integer", "minimum": 0}}, ("code", "message"))},
+                 ("error",)),
+    "MessageIn": {
+        **obj({**BODY_PROPS,
+               "delay_ms": {"type": "integer", "minimum": 0},
+               "deliver_at": {"oneOf": [{"type": "integer", "minimum": 0},
+                                        {"type": "string", "format": "date-time",
+                                         "description": "ISO 8601 with a zone (Z or +hh:mm); "
+                                                        "a time without a zone is refused"}]},
+               "key": {"type": "string", "minLength": 1, "description": "1-256 UTF-8 bytes"},
+               "tag": {"type": "string", "maxLength": 128},
+               "headers": {**HEADERS, "maxProperties": 64},
+               "replace": BOOL}, closed=True),
+        # Exactly one of body / body_b64; at most one of delay_ms / deliver_at.
+        "oneOf": [{"required": ["body"]}, {"required": ["body_b64"]}],
+        "not": {"required": ["delay_ms", "deliver_at"]},
+    },
+    "ProduceBatch": obj({"messages": {"type": "array", "minItems": 1, "maxItems": 10_000,
+                                      "items": ref("MessageIn")}}, ("messages",), closed=True),
+    "Produced": obj({"messages": {"type": "array", "items": obj(
+        {"id": STR, "deliver_at": EPOCH_MS, "duplicate": BOOL}, ("id", "deliver_at", "duplicate"))}},
+        ("messages",)),
+    "Cancelled": obj({"id": STR, "state": {"type": "string", "enum": ["cancelled"]}}, ("id", "state")),
+    "MessageView": obj({**VIEW_PROPS, "produced_at": EPOCH_MS,
+                        "state": {"type": "string", "enum": ["scheduled", "delivered", "cancelled"]}},
+                       (*VIEW_REQUIRED, "produced_at", "state")),
+    "SubscriptionSettings": obj({"start": {"type": "string", "enum": ["earliest", "latest"]},
+                                 "max_attempts": {"type": "integer", "minimum": 1, "maximum": 1000}},
+                                closed=True),
+    "Subscription": obj({"topic": STR, "group": STR, "start": {"type": "string", "enum": ["earliest", "latest"]},
+                         "max_attempts": {"type": "integer", "minimum": 1}},
+                        ("topic", "group", "start", "max_attempts")),
+    "SubscriptionStatus": {"allOf": [ref("Subscription"), obj(
+        {"backlog": COUNT, "inflight": COUNT, "dead": COUNT, "oldest_unacked_age_ms": COUNT},
+        ("backlog", "inflight", "dead", "oldest_unacked_age_ms"))]},
+    "SubscriptionDeleted": obj({"topic": STR, "group": STR, "deleted": {"type": "boolean", "enum": [True]}},
+                               ("topic", "group", "deleted")),
+    "PullRequest": obj({"max": {"type": "integer", "minimum": 1, "maximum": 1000},
+                        "wait_ms": {"type": "integer", "minimum": 0, "maximum": 30_000},
+                        "lease_ms": LEASE, "tags": {"type": "array", "items": STR, "maxItems": 1000}},
+                       closed=True),
+    "PulledMessage": obj({**VIEW_PROPS, "receipt": STR, "delivered_at": EPOCH_MS,
+                          "attempt": {"type": "integer", "minimum": 1}},
+                         (*VIEW_REQUIRED, "receipt", "delivered_at", "attempt")),
+    "Pulled": obj({"messages": {"type": "array", "items": ref("PulledMessage")}}, ("messages",)),
+    "AckRequest": obj({"receipts": RECEIPTS}, ("receipts",), closed=True),
+    "Acked": obj({"acked": COUNT, "stale": RECEIPTS}, ("acked", "stale")),
+    "NackRequest": obj({"receipts": RECEIPTS, "delay_ms": {"type": "integer", "minimum": 0,
+                                                           "maximum": MAX_HOURS_MS}},
+                       ("receipts",), closed=True),
+    "Nacked": obj({"nacked": COUNT, "stale": RECEIPTS}, ("nacked", "stale")),
+    "ExtendRequest": obj({"receipts": RECEIPTS, "lease_ms": LEASE}, ("receipts", "lease_ms"), closed=True),
+    "Extended": obj({"extended": COUNT, "stale": RECEIPTS}, ("extended", "stale")),
+    "DeadLetter": obj({**VIEW_PROPS, "produced_at": EPOCH_MS, "attempt": COUNT, "reason": STR},
+                      ("id", "attempt", "reason")),
+    "DeadLetters": obj({"messages": {"type": "array", "items": ref("DeadLetter")}}, ("messages",)),
+    "RedriveRequest": obj({"ids": {"type": "array", "items": STR, "maxItems": 10_000}}, closed=True),
+    "Redriven": obj({"redriven": COUNT}, ("redriven",)),
+    "Stats": obj({
+        "node_id": STR, "scheduled": COUNT, "produced_total": COUNT, "delivered_total": COUNT,
+        "cancelled_total": COUNT, "rolled_total": COUNT,
+        "lateness_ms": obj({"p50": INT, "p99": INT, "max": INT}, ("p50", "p99", "max")),
+        "topics": count_map("scheduled", "delivered_total"), "groups": count_map("backlog", "inflight", "dead"),
+        "pipeline": {"type": "object", "additionalProperties": COUNT}, "disk_bytes": COUNT,
+        "recovery_seconds": {"type": "number", "minimum": 0}, "wall_clock_skew_ms": INT},
+        ("scheduled", "produced_total", "delivered_total", "cancelled_total", "lateness_ms", "topics", "groups",
+         "pipeline", "disk_bytes")),
+    "Schedule": obj({"buckets": {"type": "array", "maxItems": 10_000, "items": {
+        "type": "array", "items": INT, "minItems": 2, "maxItems": 2}}}, ("buckets",)),
+    "Info": obj({"node_id": STR, "version": STR}, ("node_id", "version")),
+    "Status": obj({"status": STR}, ("status",)),
+}
+
+ERRORS = {
+    "400": "Bad input (invalid_message, invalid_name, invalid_parameter, invalid_json, ...)",
+    "401": "Missing or wrong bearer token (only when tokens are configured)",
+    "403": "The token may not do this, or not on this topic",
+    "404": "No such message, key or subscription",
+    "405": "Method not allowed on this path",
+    "408": "The request body did not arrive in time",
+    "409": "Already delivered: too late to cancel",
+    "413": "Request or body too large",
+    "415": "Content-Type is neither application/json nor application/msgpack",
+    "429": "Backpressure: indexing is behind; retry after Retry-After seconds",
+    "503": "Recovery is still running; retry after Retry-After seconds",
+    "507": "Disk full (or a failed fsync): nothing was stored",
+}
+RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before retrying",
+                               "schema": {"type": "integer", "minimum": 1}}}
+PARAMETERS = {
+    "topic": {"name": "topic", "in": "path", "required": True, "description": "topic name",
+              "schema": {"type": "string", "pattern": r"^[A-Za-z0-9_\-][A-Za-z0-9._\-]{0,127}$"}},
+    "group": {"name": "group", "in": "path", "required": True, "description": "subscription group name",
+              "schema": {"type": "string", "pattern": r"^[A-Za-z0-9_\-][A-Za-z0-9._\-]{0,127}$"}},
+    "id": {"name": "id", "in": "path", "required": True, "description": "message id ({node_id}-{n})",
+           "schema": STR},
+    "key": {"name": "key", "in": "path", "required": True, "description": "business key, 1-256 UTF-8 bytes",
+            "schema": {"type": "string", "minLength": 1}},
+}
 
 
-def _params(*names: str) -> list[dict[str, Any]]:
-    return [{"name": n, "in": "path", "required": True, "schema": NAME if n in ("topic", "group") else STR}
-            for n in names]
+def content(schema: dict[str, Any]) -> dict[str, Any]:
+    """Requests and answers come in JSON or msgpack (the answer in the request's format)."""
+    return {JSON: {"schema": schema}, MSGPACK: {"schema": schema}}
 
 
-def _op(summary: str, ok: dict[str, Any], body: dict[str, Any] | None = None,
-        params: list[dict[str, Any]] | None = None, extra: dict[str, str] | None = None,
-        body_required: bool = True) -> dict[str, Any]:
-    responses: dict[str, Any] = {"200": {"description": "OK", "content": {"application/json": {"schema": ok}}}}
-    errors = {"400": "Bad input", "401": "Missing or wrong token", "403": "Not allowed",
-              "503": "Recovery is still running", **(extra or {})}
+def params(*names: str) -> list[dict[str, str]]:
+    return [{"$ref": f"#/components/parameters/{n}"} for n in names]
+
+
+def op(operation_id: str, summary: str, ok: str, errors: tuple[str, ...], *, path: tuple[str, ...] = (),
+       body: str | dict[str, Any] | None = None, body_required: bool = True,
+       query: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """One operation. Every operation may also answer 400 (bad input), 401/403 (auth), 405 and
+    503 (recovery), so those are always listed; `errors` adds the operation's own."""
+    codes = sorted({"400", "401", "403", "405", "503", *errors, *(("408", "413", "415") if body else ())})
+    responses: dict[str, Any] = {"200": {"description": "OK", "content": content(ref(ok))}}
+    for code in codes:
+        responses[code] = {"$ref": f"#/components/responses/E{code}"}
+    out: dict[str, Any] = {"operationId": operation_id, "summary": summary, "responses": responses}
+    parameters = params(*path) + (query or [])
+    if parameters:
+        out["parameters"] = parameters
     if body is not None:
-        errors["408"] = "The request body did not arrive in time"
-        errors["415"] = "Content-Type is neither application/json nor application/msgpack"
-    for code, text in errors.items():
-        responses[code] = {"description": text, "content": {"application/json": {"schema": ERROR}}}
-    op: dict[str, Any] = {"summary": summary, "responses": responses}
-    if params:
-        op["parameters"] = params
-    if body is not None:
-        op["requestBody"] = {"required": body_required, "content": {"application/json": {"schema": body},
-                                                            "application/msgpack": {"schema": body}}}
-    return op
+        out["requestBody"] = {"required": body_required,
+                              "content": content(ref(body) if isinstance(body, str) else body)}
+    return out
+
+
+def plain(operation_id: str, summary: str, responses: dict[str, Any]) -> dict[str, Any]:
+    """The unversioned endpoints (health, readiness, this document): no token needed."""
+    return {"operationId": operation_id, "summary": summary, "security": [], "responses": responses}
 
 
 def spec() -> dict[str, Any]:
     t, g = "/v1/topics/{topic}", "/v1/topics/{topic}/subscriptions/{group}"
-    tg = _params("topic", "group")
+    tg = ("topic", "group")
     return {
         "openapi": "3.0.3",
-        "info": {"title": "delayd API", "version": "1"},
+        "info": {"title": "delayd API", "version": __version__,
+                 "description": "The delayd HTTP API v1 (docs/api.md). Bearer tokens are required only "
+                                "when the daemon is configured with tokens."},
+        "security": [{"bearer": []}],
         "paths": {
-            f"{t}/messages": {"post": _op(
-                "Schedule one message or a batch", PRODUCED,
-                {"oneOf": [MESSAGE_IN, obj(["messages"], {"messages": {
-                    "type": "array", "minItems": 1, "maxItems": 10000, "items": MESSAGE_IN}}, closed=True)]},
-                _params("topic"), {"413": "Too large", "429": "Backpressure", "507": "Disk full"})},
+            f"{t}/messages": {"post": op(
+                "produce", "Schedule one message or a batch (all-or-nothing)", "Produced", ("429", "507"),
+                path=("topic",), body={"oneOf": [ref("MessageIn"), ref("ProduceBatch")]})},
             "/v1/messages/{id}": {
-                "get": _op("Inspect a message", MESSAGE_VIEW, None, _params("id"), {"404": "Not found"}),
-                "delete": _op("Cancel a message", obj(["id", "state"], {"id": STR, "state": {
-                    "type": "string", "enum": ["cancelled"]}}), None, _params("id"),
-                    {"404": "Not found", "409": "Already delivered"})},
+                "get": op("getMessage", "Inspect a message", "MessageView", ("404",), path=("id",)),
+                "delete": op("cancelMessage", "Cancel a message (idempotent)", "Cancelled", ("404", "409", "507"),
+                             path=("id",))},
             f"{t}/keys/{{key}}": {
-                "get": _op("Inspect the pending message with this key", MESSAGE_VIEW, None,
-                           _params("topic", "key"), {"404": "Not found"}),
-                "delete": _op("Cancel the pending message with this key", obj(["id", "state"], {
-                    "id": STR, "state": STR}), None, _params("topic", "key"),
-                    {"404": "Not found", "409": "Already delivered"})},
-            g: {"put": _op("Create or update a subscription group", SETTINGS, obj([], {
-                "start": {"type": "string", "enum": ["earliest", "latest"]},
-                "max_attempts": {"type": "integer", "minimum": 1, "maximum": 1000}}, closed=True), tg,
-                body_required=False)},
-            f"{g}/pull": {"post": _op(
-                "Lease due messages", obj(["messages"], {"messages": {"type": "array", "items": PULLED}}),
-                obj([], {"max": {"type": "integer", "minimum": 1, "maximum": 1000},
-                         "wait_ms": {"type": "integer", "minimum": 0, "maximum": 30000}, "lease_ms": LEASE,
-                         "tags": {"type": "array", "items": STR, "maxItems": 1000}}, closed=True), tg,
-                body_required=False)},
-            f"{g}/ack": {"post": _op("Acknowledge", obj(["acked", "stale"], {"acked": INT, "stale": RECEIPT_LIST}),
-                                     obj(["receipts"], {"receipts": RECEIPT_LIST}, closed=True), tg)},
-            f"{g}/nack": {"post": _op(
-                "Negative-acknowledge: redeliver after delay_ms (default: backoff)",
-                obj(["nacked", "stale"], {"nacked": INT, "stale": RECEIPT_LIST}),
-                obj(["receipts"], {"receipts": RECEIPT_LIST, "delay_ms": DURATION}, closed=True), tg)},
-            f"{g}/extend": {"post": _op(
-                "Extend leases", obj(["extended", "stale"], {"extended": INT, "stale": RECEIPT_LIST}),
-                obj(["receipts", "lease_ms"], {"receipts": RECEIPT_LIST, "lease_ms": LEASE}, closed=True), tg)},
-            f"{g}/dead": {"get": _op("List dead letters", obj(["messages"], {"messages": {
-                "type": "array", "items": DEAD}}), None, tg + [
+                "get": op("getMessageByKey", "Inspect the pending message with this key", "MessageView", ("404",),
+                          path=("topic", "key")),
+                "delete": op("cancelMessageByKey", "Cancel the pending message with this key", "Cancelled",
+                             ("404", "409", "507"), path=("topic", "key"))},
+            g: {
+                "put": op("putSubscription", "Create or update a subscription group", "Subscription", ("507",),
+                          path=tg, body="SubscriptionSettings", body_required=False),
+                "get": op("getSubscription", "A subscription's settings and counts (does not create it)",
+                          "SubscriptionStatus", ("404",), path=tg),
+                "delete": op("deleteSubscription", "Delete a subscription group and its state (404 if none)",
+                             "SubscriptionDeleted", ("404", "507"), path=tg)},
+            f"{g}/pull": {"post": op("pull", "Lease due messages", "Pulled", ("507",), path=tg,
+                                     body="PullRequest", body_required=False)},
+            f"{g}/ack": {"post": op("ack", "Acknowledge", "Acked", ("507",), path=tg, body="AckRequest")},
+            f"{g}/nack": {"post": op("nack", "Redeliver after delay_ms (default: exponential backoff)",
+                                     "Nacked", ("507",), path=tg, body="NackRequest")},
+            f"{g}/extend": {"post": op("extend", "Extend leases", "Extended", (), path=tg, body="ExtendRequest")},
+            f"{g}/dead": {"get": op("listDeadLetters", "List dead letters", "DeadLetters", (), path=tg, query=[
                 {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 1000}}])},
-            f"{g}/dead/redrive": {"post": _op(
-                "Re-queue dead letters (all, or those in ids)", obj(["redriven"], {"redriven": INT}),
-                obj([], {"ids": {"type": "array", "items": STR}}, closed=True), tg, body_required=False)},
-            "/v1/stats": {"get": _op("Statistics", STATS)},
-            "/v1/schedule": {"get": _op("Pending messages per due-time bucket", SCHEDULE, None, [
+            f"{g}/dead/redrive": {"post": op(
+                "redrive", "Re-queue dead letters (all, or those in ids)", "Redriven", ("507",), path=tg,
+                body="RedriveRequest", body_required=False)},
+            "/v1/stats": {"get": op("stats", "Statistics", "Stats", ())},
+            "/v1/schedule": {"get": op("schedule", "Pending messages per due-time bucket", "Schedule", (), query=[
                 {"name": n, "in": "query", "required": True, "schema": INT} for n in ("from", "to", "step_ms")])},
-            "/v1/info": {"get": _op("Node identity", obj(["node_id", "version"], {"node_id": STR, "version": STR}))},
-            "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {
-                "description": "Prometheus text format", "content": {"text/plain": {"schema": STR}}}}}},
-            "/healthz": {"get": {"summary": "Liveness", "responses": {"200": {
-                "description": "serving", "content": {"application/json": {"schema": STATUS}}}}}},
-            "/readyz": {"get": {"summary": "Readiness", "responses": {
-                "200": {"description": "recovered", "content": {"application/json": {"schema": STATUS}}},
-                "503": {"description": "recovering", "content": {"application/json": {"schema": STATUS}}}}}},
-            "/openapi.json": {"get": {"summary": "This document", "responses": {"200": {
-                "description": "OpenAPI 3", "content": {"application/json": {"schema": {"type": "object"}}}}}}},
+            "/v1/info": {"get": op("info", "Node identity and version", "Info", ())},
+            "/metrics": {"get": {"operationId": "metrics", "summary": "Prometheus metrics (admin right)",
+                                 "responses": {
+                                     "200": {"description": "Prometheus text format",
+                                             "content": {"text/plain": {"schema": STR}}},
+                                     "401": {"$ref": "#/components/responses/E401"},
+                                     "403": {"$ref": "#/components/responses/E403"}}}},
+            "/healthz": {"get": plain("healthz", "Liveness: 200 while the process serves", {
+                "200": {"description": "serving", "content": {JSON: {"schema": ref("Status")}}}})},
+            "/readyz": {"get": plain("readyz", "Readiness: 200 once recovery is complete", {
+                "200": {"description": "recovered", "content": {JSON: {"schema": ref("Status")}}},
+                "503": {"description": "recovering or failed", "content": {JSON: {"schema": ref("Status")}}}})},
+            "/openapi.json": {"get": plain("openapi", "This document", {"200": {
+                "description": "OpenAPI 3", "content": {JSON: {"schema": {"type": "object"}}}}})},
+        },
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
+                                           "description": "a token of the daemon's [[auth.tokens]]"}},
+            "parameters": PARAMETERS,
+            "schemas": SCHEMAS,
+            "responses": {f"E{code}": {
+                "description": text, "content": content(ref("Error")),
+                **({"headers": RETRY_AFTER} if code in ("429", "503") else {})} for code, text in ERRORS.items()},
         },
     }

@@ -15,6 +15,7 @@ import asyncio
 import dataclasses
 import heapq
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -352,8 +353,10 @@ class GroupCommit:
     the next fsync.
     """
 
-    def __init__(self, store: Store, policy: str, interval_ms: int) -> None:
+    def __init__(self, store: Store, policy: str, interval_ms: int,
+                 on_fsync: Callable[[float], None] | None = None) -> None:
         self.store, self.policy, self.interval_ms = store, policy, interval_ms
+        self.on_fsync = on_fsync  # told each fsync's duration in seconds (metrics)
         self._waiters: list[asyncio.Future[None]] = []
         self._wake = asyncio.Event()
         self.fsyncs = 0
@@ -381,8 +384,11 @@ class GroupCommit:
             fds = self.store.commit_handles()
             try:
                 if fds:
+                    started = time.monotonic()
                     await loop.run_in_executor(None, fsync_all, fds)
                     self.fsyncs += 1
+                    if self.on_fsync is not None:
+                        self.on_fsync(time.monotonic() - started)
             except OSError as e:
                 self.last_error = e
                 log.error("commit-log fsync failed: %s", e)

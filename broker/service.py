@@ -55,6 +55,7 @@ class Broker:
         self.recovery_line = ""
         self.lateness: deque[int] = deque(maxlen=10_000)
         self.listeners: list[Any] = []  # metrics hooks: objects with on_release(dues, now)
+        self.fsync_listeners: list[Callable[[float], None]] = []  # each commit-log fsync's seconds
         self._tasks: list[asyncio.Task[None]] = []
         self._stopped = False
         self._stopping = False
@@ -75,7 +76,8 @@ class Broker:
         for rec in report.group_events:
             events.append((rec.topic, rec.key or "", decode_event(rec.body)))
         self.groups.restore(store.groups_snapshot, events)
-        self.committer = GroupCommit(store, self.cfg.fsync, self.cfg.fsync_interval_ms)
+        self.committer = GroupCommit(store, self.cfg.fsync, self.cfg.fsync_interval_ms,
+                                     on_fsync=self._on_fsync)
         self.pipeline = Pipeline(store, self.clock, lookahead_ms=self.cfg.lookahead_ms,
                                  queue_batches=self.cfg.stage_queue_batches,
                                  release_capacity=self.cfg.release_capacity, on_release=self._on_release)
@@ -301,7 +303,7 @@ class Broker:
         assert self.groups is not None
         deadline = self.clock.monotonic() + wait_ms / 1000
         while True:
-            if gone():
+            if gone() or g.deleted:
                 return []
             got = self.groups.take(g, max_n, lease_ms, tags)
             left = deadline - self.clock.monotonic()
@@ -326,6 +328,27 @@ class Broker:
                 log.error("ready message %d unreadable (%s); dead-lettering it", d.unit.seq, rec)
                 self.groups.dead_letter(g, d.unit.index, d.unit.seq, d.attempt, "unreadable")
         return out
+
+    def subscription(self, topic: str, name: str) -> dict[str, Any]:
+        """An existing group's settings and counts; unlike pull, looking does not create it."""
+        self._require_ready()
+        assert self.groups is not None
+        g = self.groups.groups.get(f"{topic}/{name}")
+        if g is None:
+            raise errors.NotFound(f"no subscription {name!r} on topic {topic!r}")
+        oldest = self.groups.oldest_unacked_due_ms(g)
+        age = 0 if oldest is None else max(0, self.clock.now_ms() - oldest)
+        return {**g.settings(), **self.groups.stats(g), "oldest_unacked_age_ms": age}
+
+    async def delete_group(self, topic: str, name: str) -> dict[str, Any]:
+        """Remove a group durably (404 when there is none, as SQS's DeleteQueue and RocketMQ's
+        deleteSubGroup answer for an unknown name); a pull after this creates it afresh."""
+        self._require_ready()
+        assert self.groups is not None
+        if not self.groups.delete(topic, name):
+            raise errors.NotFound(f"no subscription {name!r} on topic {topic!r}")
+        await self._durable()
+        return {"topic": topic, "group": name, "deleted": True}
 
     async def settle(self, op: str, topic: str, name: str, receipts: list[str],
                      delay_ms: int | None = None, lease_ms: int = 30_000) -> tuple[int, list[str]]:
@@ -385,6 +408,10 @@ class Broker:
             self.groups.notify(t)
         for listener in self.listeners:
             listener.on_release(dues, now)
+
+    def _on_fsync(self, seconds: float) -> None:
+        for listener in self.fsync_listeners:
+            listener(seconds)
 
     # ---------------------------------------------------------------------------------- observe
     def lateness_summary(self) -> dict[str, int]:

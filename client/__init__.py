@@ -48,6 +48,7 @@ from delayd.client.models import (
     SendResult,
     Stats,
     Subscription,
+    SubscriptionStatus,
 )
 from delayd.client.producer import AsyncProducer, Producer
 from delayd.client.ring import HashRing
@@ -58,6 +59,7 @@ __all__ = [
     "ConsumerStats", "Encoding", "OutgoingMessage", "RetryPolicy", "HashRing",
     "AckResult", "CancelResult", "DeadLetter", "ExtendResult", "Message", "MessageState", "NackResult",
     "NodeInfo", "ReceivedMessage", "RedriveResult", "ScheduleBucket", "SendResult", "Stats", "Subscription",
+    "SubscriptionStatus",
     "DelaydError", "InvalidRequest", "InvalidName", "InvalidMessage", "InvalidParameter", "DelayTooLong", "TooLarge",
     "UnsupportedMediaType", "Unauthorized", "Forbidden", "NotFound", "Conflict", "AlreadyDelivered",
     "Backpressure", "ServerError", "Unavailable", "DiskFull", "ConnectionFailed", "ProtocolError",

@@ -23,7 +23,7 @@ from typing import Any
 
 from delayd.client.codec import Body, Encoding, OutgoingMessage, to_epoch_ms, to_ms_duration
 from delayd.client.errors import AlreadyDelivered, DelaydError, InvalidMessage, NotFound
-from delayd.client.http import Retry, RetryPolicy, Transport, path
+from delayd.client.http import Retry, RetryPolicy, TlsOption, Transport, path, tls_context
 from delayd.client.models import (
     AckResult,
     CancelResult,
@@ -38,6 +38,7 @@ from delayd.client.models import (
     SendResult,
     Stats,
     Subscription,
+    SubscriptionStatus,
 )
 from delayd.client.ring import DEFAULT_VNODES, HashRing, routing_key
 from delayd.client.shardpull import PullKey, ShardedPuller
@@ -79,7 +80,11 @@ class AsyncClient:
 
     `url` is one base URL, several (a list, or one string with commas) for a sharded deployment, or
     a mapping `{node_id: url}` that skips the `/v1/info` discovery. `encoding` is `"msgpack"`
-    (default) or `"json"`.
+    (default) or `"json"`. `token` is the bearer token when the daemon has tokens configured.
+
+    `tls` is for `https://` URLs of a daemon whose certificate the system does not trust (a
+    self-signed or private-CA one): the path of a PEM file of CA certificates, or an
+    `ssl.SSLContext` (client certificates, pinning, ...). Left out, the system's CAs are used.
 
     Retries (jittered exponential backoff, honouring `Retry-After`) happen only where a retry cannot
     duplicate anything: reads, cancel, ack, nack, extend and the other idempotent calls are retried
@@ -89,11 +94,12 @@ class AsyncClient:
     """
 
     def __init__(self, url: Urls = DEFAULT_URL, token: str | None = None, *, encoding: str | Encoding = "msgpack",
-                 timeout_s: float = 30.0, retry: RetryPolicy | None = None, vnodes: int = DEFAULT_VNODES) -> None:
+                 timeout_s: float = 30.0, retry: RetryPolicy | None = None, vnodes: int = DEFAULT_VNODES,
+                 tls: TlsOption = None) -> None:
         self._urls, self._node_by_url = normalize_urls(url)
         self.encoding = Encoding(encoding)
         self._http = Transport(token=token, encoding=self.encoding, timeout_s=timeout_s,
-                               retry=retry or RetryPolicy())
+                               retry=retry or RetryPolicy(), tls=tls_context(tls))
         self._vnodes = vnodes
         self._ring: HashRing | None = None
         self._url_by_node: dict[str, str] = {}
@@ -106,16 +112,20 @@ class AsyncClient:
 
     @property
     def urls(self) -> list[str]:
+        """The broker base URLs this client talks to, in the order given."""
         return list(self._urls)
 
     @property
     def sharded(self) -> bool:
+        """True when the client spreads over several brokers (shards)."""
         return len(self._urls) > 1
 
     async def __aenter__(self) -> AsyncClient:
+        """`async with AsyncClient(...) as c:` closes the client at the end of the block."""
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        """Close the client (see `close`)."""
         await self.close()
 
     async def close(self) -> None:
@@ -254,6 +264,7 @@ class AsyncClient:
         return CancelResult.from_wire(answer)
 
     async def get(self, id: str) -> Message:
+        """A message by id, with its state (scheduled, delivered, cancelled); `NotFound` if none."""
         url = await self._url_for_id(id)
         return Message.from_wire(await self._call(url, "GET", path("messages", id)))
 
@@ -299,6 +310,33 @@ class AsyncClient:
             body["max_attempts"] = int(max_attempts)
         answers = await self._everywhere("PUT", self._sub_path(topic, group), body=body)
         return Subscription.from_wire(topic, group, answers[0] if isinstance(answers[0], Mapping) else None)
+
+    async def get_subscription(self, topic: str, group: str) -> SubscriptionStatus:
+        """A group's settings and counts (backlog, inflight, dead, age of the oldest unacked
+        message). Unlike `pull`, looking does not create the group: `NotFound` if it does not exist
+        (on every shard)."""
+        parts = [SubscriptionStatus.from_wire(a)
+                 for a in await self._on_shards_that_have_it("GET", self._sub_path(topic, group))]
+        return SubscriptionStatus.merge(parts)
+
+    async def delete_subscription(self, topic: str, group: str) -> None:
+        """Delete a group with its position, leases and dead letters (needs the `admin` right).
+        `NotFound` if no shard has it; a later `pull` or `subscribe` creates it afresh."""
+        await self._on_shards_that_have_it("DELETE", self._sub_path(topic, group))
+
+    async def _on_shards_that_have_it(self, method: str, url_path: str) -> list[Any]:
+        """Ask every shard; the answers of those that have it, `NotFound` when none has it."""
+        outcomes = await asyncio.gather(*(self._call(u, method, url_path) for u in self._urls),
+                                        return_exceptions=True)
+        found = [o for o in outcomes if not isinstance(o, BaseException)]
+        for o in outcomes:
+            if isinstance(o, BaseException) and not isinstance(o, NotFound):
+                raise o
+        if not found:
+            first = outcomes[0]
+            assert isinstance(first, NotFound)
+            raise first
+        return found
 
     async def pull(self, topic: str, group: str, max: int = 100, wait_ms: int | timedelta = 0,
                    lease_ms: int | timedelta = 30_000, tags: Iterable[str] | None = None
@@ -388,6 +426,7 @@ class AsyncClient:
     # ----------------------------------------------------------------- observe
 
     async def stats(self) -> Stats:
+        """`GET /v1/stats` of every shard, merged (counts summed; each shard in `.shards`)."""
         answers = await self._everywhere("GET", "/v1/stats")
         names = [self._node_by_url.get(u, u) for u in self._urls]
         return Stats.merge({n: Stats.from_wire(a or {}) for n, a in zip(names, answers, strict=True)})

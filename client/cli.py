@@ -1,4 +1,5 @@
-"""User commands of the `delayd` CLI: send, cancel, get, consume, stats, schedule.
+"""User commands of the `delayd` CLI: send, cancel, get, consume, subscribe, ack, dead, redrive, stats,
+schedule.
 
 `delayd/cli.py` (the `delayd` entry point) calls `register(subparsers)` and then `args.func(args)`, which returns the exit code.
 `main(argv)` runs these commands on their own. Every command takes `--url` (env `DELAYD_URL`, default
@@ -55,6 +56,8 @@ def _common() -> argparse.ArgumentParser:
     g.add_argument("--url", default=None,
                    help=f"broker URL, or several comma-separated shards (env DELAYD_URL, default {DEFAULT_URL})")
     g.add_argument("--token", default=None, help="bearer token (env DELAYD_TOKEN)")
+    g.add_argument("--ca-file", default=None, metavar="PEM",
+                   help="trust the CA certificate(s) in this file for https URLs (env DELAYD_CA_FILE)")
     g.add_argument("--json", action="store_true", help="machine-readable output")
     g.add_argument("--timeout", type=float, default=30.0, metavar="S", help="per-request timeout in seconds")
     g.add_argument("--retries", type=_positive, default=RetryPolicy.attempts, metavar="N",
@@ -65,7 +68,8 @@ def _common() -> argparse.ArgumentParser:
 def _client(args: argparse.Namespace) -> Client:
     url = args.url or os.environ.get("DELAYD_URL") or DEFAULT_URL
     token = args.token or os.environ.get("DELAYD_TOKEN") or None
-    return Client(url, token, timeout_s=args.timeout, retry=RetryPolicy(attempts=args.retries))
+    ca_file = args.ca_file or os.environ.get("DELAYD_CA_FILE") or None
+    return Client(url, token, timeout_s=args.timeout, retry=RetryPolicy(attempts=args.retries), tls=ca_file)
 
 
 def _err(text: str) -> None:
@@ -320,6 +324,74 @@ def cmd_consume(args: argparse.Namespace, client: Client) -> int:
     return EXIT_OK
 
 
+# ---------------------------------------------------------------------------------------- groups
+
+@_command
+def cmd_ack(args: argparse.Namespace, client: Client) -> int:
+    result = client.ack(args.topic, args.group, args.receipts)
+    if args.json:
+        _print_json(result.__dict__)
+    else:
+        print(f"acked {result.acked}" + (f", stale {len(result.stale)}: {' '.join(result.stale)}"
+                                         if result.stale else ""))
+    return EXIT_OK if not result.stale else EXIT_CONFLICT
+
+
+@_command
+def cmd_dead(args: argparse.Namespace, client: Client) -> int:
+    letters = client.dead(args.topic, args.group, args.limit)
+    if args.json:
+        for d in letters:
+            out = {k: v for k, v in d.__dict__.items() if k != "body"}
+            _print_json({**out, **_body_json(d.body)})
+        return EXIT_OK
+    if not letters:
+        print(f"no dead letters in {args.topic}/{args.group}")
+        return EXIT_OK
+    print(table(["id", "attempts", "reason", "due", "key", "body"],
+                [(d.id, d.attempt, d.reason or "-", format_time(d.deliver_at), d.key or "-", _body_human(d.body, 60))
+                 for d in letters]))
+    return EXIT_OK
+
+
+@_command
+def cmd_redrive(args: argparse.Namespace, client: Client) -> int:
+    if not args.ids and not args.all:
+        raise ValueError("redrive: give message IDs, or --all for every dead letter of the group")
+    result = client.redrive(args.topic, args.group, None if args.all else args.ids)
+    if args.json:
+        _print_json(result.__dict__)
+    else:
+        print(f"redriven {result.redriven} message(s) of {args.topic}/{args.group}")
+    return EXIT_OK
+
+
+@_command
+def cmd_subscribe(args: argparse.Namespace, client: Client) -> int:
+    if args.action == "delete":
+        client.delete_subscription(args.topic, args.group)
+        if args.json:
+            _print_json({"topic": args.topic, "group": args.group, "deleted": True})
+        else:
+            print(f"deleted {args.topic}/{args.group}")
+        return EXIT_OK
+    if args.action == "create":
+        client.subscribe(args.topic, args.group, start=args.start, max_attempts=args.max_attempts)
+    elif args.start is not None or args.max_attempts is not None:
+        raise ValueError("--start and --max-attempts go with 'subscribe create'")
+    s = client.get_subscription(args.topic, args.group)
+    if args.json:
+        _print_json(s.__dict__)
+        return EXIT_OK
+    for name, value in (("group", f"{s.topic}/{s.group}"), ("start", s.start),
+                        ("max_attempts", f"{s.max_attempts}"), ("backlog", f"{s.backlog:,}"),
+                        ("inflight", f"{s.inflight:,}"), ("dead", f"{s.dead:,}"),
+                        ("oldest", format_duration(s.oldest_unacked_age_ms) + " unacked" if s.oldest_unacked_age_ms
+                         else "-")):
+        print(f"{name + ':':14}{value}")
+    return EXIT_OK
+
+
 # ---------------------------------------------------------------------------------------- stats / schedule
 
 @_command
@@ -361,13 +433,21 @@ def cmd_schedule(args: argparse.Namespace, client: Client) -> int:
     span_ms = round(args.hours * 3_600_000)
     if span_ms <= 0:
         raise ValueError("--hours must be > 0")
-    step_ms = args.step if args.step is not None else max(1, -(-span_ms // args.buckets))
     start = args.start if args.start is not None else now_ms()
-    end = start + span_ms
-    if args.align:
-        # Round the window outwards to whole steps, so lines read 10:00, 11:00... and cover all of it.
-        start -= start % step_ms
-        end += -end % step_ms
+    if args.step is None:
+        # Exactly --buckets lines: the step is the span over the count, and with --align the window
+        # starts at the step boundary at or before the start (lines read 10:00, 11:00, ...).
+        step_ms = max(1, -(-span_ms // args.buckets))
+        if args.align:
+            start -= start % step_ms
+        end = start + args.buckets * step_ms
+    else:
+        step_ms = args.step
+        end = start + span_ms
+        if args.align:
+            # Round the window outwards to whole steps, so it covers all of the span.
+            start -= start % step_ms
+            end += -end % step_ms
     buckets = client.schedule(start, end, step_ms)
     if args.json:
         _print_json({"from": start, "to": end, "step_ms": step_ms,
@@ -408,7 +488,7 @@ def _tags(text: str) -> list[str]:
 
 
 def register(subparsers: Any) -> None:
-    """Add send, cancel, get, consume, stats and schedule to an argparse subparsers object."""
+    """Add the client commands (send ... schedule) to an argparse subparsers object."""
     common = _common()
 
     p = subparsers.add_parser("send", parents=[common], help="produce a message (or a JSON-lines file of them)",
@@ -459,6 +539,38 @@ def register(subparsers: Any) -> None:
     p.add_argument("--max-attempts", type=_positive, default=None, help="set the group's max_attempts first")
     p.add_argument("--quiet", "-q", action="store_true", help="no per-message status lines with --exec")
     p.set_defaults(func=cmd_consume)
+
+    p = subparsers.add_parser("subscribe", parents=[common], help="create, show or delete a subscription group",
+                              description="create: create the group (or change its settings) and show it; "
+                              "show: its settings and counts (never creates it); delete: remove it with its "
+                              "position and dead letters (needs the admin right).")
+    p.add_argument("action", choices=["create", "show", "delete"])
+    p.add_argument("topic")
+    p.add_argument("group")
+    p.add_argument("--start", choices=["earliest", "latest"], default=None,
+                   help="create: where a new group starts (default earliest)")
+    p.add_argument("--max-attempts", type=_positive, default=None, help="create: deliveries before dead letters")
+    p.set_defaults(func=cmd_subscribe)
+
+    p = subparsers.add_parser("ack", parents=[common], help="acknowledge pulled messages by receipt")
+    p.add_argument("topic")
+    p.add_argument("group")
+    p.add_argument("receipts", nargs="+", metavar="RECEIPT")
+    p.set_defaults(func=cmd_ack)
+
+    p = subparsers.add_parser("dead", parents=[common], help="list a group's dead letters")
+    p.add_argument("topic")
+    p.add_argument("group")
+    p.add_argument("--limit", type=_positive, default=100, help="at most this many (default 100)")
+    p.set_defaults(func=cmd_dead)
+
+    p = subparsers.add_parser("redrive", parents=[common], help="re-queue dead letters for delivery",
+                              description="Re-queue the dead letters with these ids, or all of them (--all).")
+    p.add_argument("topic")
+    p.add_argument("group")
+    p.add_argument("ids", nargs="*", metavar="ID")
+    p.add_argument("--all", action="store_true", help="every dead letter of the group")
+    p.set_defaults(func=cmd_redrive)
 
     p = subparsers.add_parser("stats", parents=[common], help="counters, lateness, backlog")
     p.set_defaults(func=cmd_stats)

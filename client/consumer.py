@@ -233,7 +233,9 @@ class AsyncConsumer:
             self._leases.pop(m.receipt, None)
             self.stats.failed += 1
             delay = self._retry_delay(m.attempt)
-            log.info("handler failed on %s (attempt %d): %r; nack delay_ms=%s", m.id, m.attempt, e, delay)
+            # WARNING with the traceback: a failing handler is the consumer's bug to see and fix.
+            log.warning("handler failed on %s (attempt %d): %r; nack delay_ms=%s", m.id, m.attempt, e, delay,
+                        exc_info=True)
             await self._settle("nack", m, delay)
         else:
             self._leases.pop(m.receipt, None)

@@ -16,7 +16,9 @@ The pause is jittered exponential backoff, and never shorter than the broker's `
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
@@ -66,6 +68,20 @@ class RetryPolicy:
 NO_RETRY = RetryPolicy(attempts=1)
 
 
+TlsOption = ssl.SSLContext | str | os.PathLike[str] | None
+
+
+def tls_context(tls: TlsOption) -> ssl.SSLContext | None:
+    """An `ssl.SSLContext` as given, or one that trusts the CA certificate(s) in a PEM file (for a
+    daemon with a self-signed or private-CA certificate). None: the system's trusted CAs."""
+    if tls is None or isinstance(tls, ssl.SSLContext):
+        return tls
+    ca_file = os.fspath(tls)
+    if not os.path.isfile(ca_file):
+        raise ValueError(f"tls: no CA file {ca_file!r}")
+    return ssl.create_default_context(cafile=ca_file)
+
+
 def path(*parts: str) -> str:
     """`/v1/...` from segments, each percent-encoded (keys may hold `/`, spaces, anything)."""
     return "/v1/" + "/".join(quote(p, safe="") for p in parts)
@@ -98,8 +114,9 @@ class Transport:
     """Shares one aiohttp session (one connection pool) among all the shards of a client."""
 
     def __init__(self, *, token: str | None, encoding: Encoding, timeout_s: float,
-                 retry: RetryPolicy) -> None:
+                 retry: RetryPolicy, tls: ssl.SSLContext | None = None) -> None:
         self.token = token
+        self.tls = tls
         self.encoding = encoding
         self.timeout_s = timeout_s
         self.retry = retry
@@ -118,7 +135,9 @@ class Transport:
             if self.token:
                 headers["Authorization"] = f"Bearer {self.token}"
             # Created lazily so that the session belongs to the loop that uses it.
-            self._session = aiohttp.ClientSession(headers=headers, connector=aiohttp.TCPConnector(limit=64))
+            # ssl=True: aiohttp's default verification (system CAs) for https URLs.
+            connector = aiohttp.TCPConnector(limit=64, ssl=self.tls if self.tls is not None else True)
+            self._session = aiohttp.ClientSession(headers=headers, connector=connector)
         return self._session
 
     async def close(self) -> None:

@@ -165,6 +165,36 @@ class Subscription:
 
 
 @dataclass(frozen=True)
+class SubscriptionStatus:
+    """`GET /v1/topics/{t}/subscriptions/{g}`: a group's settings and counts. Over several shards
+    the counts are summed and `oldest_unacked_age_ms` is the oldest of any shard."""
+
+    topic: str
+    group: str
+    start: str
+    max_attempts: int
+    backlog: int
+    inflight: int
+    dead: int
+    oldest_unacked_age_ms: int
+
+    @classmethod
+    def from_wire(cls, obj: Mapping[str, Any]) -> SubscriptionStatus:
+        return cls(topic=str(_req(obj, "topic")), group=str(_req(obj, "group")), start=str(obj.get("start") or ""),
+                   max_attempts=int(_req(obj, "max_attempts")), backlog=int(obj.get("backlog") or 0),
+                   inflight=int(obj.get("inflight") or 0), dead=int(obj.get("dead") or 0),
+                   oldest_unacked_age_ms=int(obj.get("oldest_unacked_age_ms") or 0))
+
+    @classmethod
+    def merge(cls, parts: list[SubscriptionStatus]) -> SubscriptionStatus:
+        first = parts[0]
+        return cls(first.topic, first.group, first.start, first.max_attempts,
+                   backlog=sum(p.backlog for p in parts), inflight=sum(p.inflight for p in parts),
+                   dead=sum(p.dead for p in parts),
+                   oldest_unacked_age_ms=max(p.oldest_unacked_age_ms for p in parts))
+
+
+@dataclass(frozen=True)
 class AckResult:
     acked: int
     stale: list[str] = field(default_factory=list)

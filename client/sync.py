@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from delayd.client.aio import DEFAULT_URL, AsyncClient, Receipts, Urls
 from delayd.client.codec import Body, Encoding, OutgoingMessage
-from delayd.client.http import RetryPolicy
+from delayd.client.http import RetryPolicy, TlsOption
 from delayd.client.models import (
     AckResult,
     CancelResult,
@@ -34,6 +34,7 @@ from delayd.client.models import (
     SendResult,
     Stats,
     Subscription,
+    SubscriptionStatus,
 )
 from delayd.client.ring import DEFAULT_VNODES
 
@@ -115,18 +116,26 @@ def _shutdown(runner: LoopThread, aio: AsyncClient) -> None:
 
 class Client:
     """Blocking delayd client; same arguments and methods as `AsyncClient` (see its docstring for
-    sharding and the retry rule: produce is retried only when every message has a `key`)."""
+    sharding, `tls`, and the retry rule: produce is retried only when every message has a `key`).
+
+        with Client("http://127.0.0.1:7070") as c:
+            c.send("orders", b"close order 42", delay_ms=1_800_000, key="order-42")
+    """
 
     def __init__(self, url: Urls = DEFAULT_URL, token: str | None = None, *, encoding: str | Encoding = "msgpack",
-                 timeout_s: float = 30.0, retry: RetryPolicy | None = None, vnodes: int = DEFAULT_VNODES) -> None:
-        self.aio = AsyncClient(url, token, encoding=encoding, timeout_s=timeout_s, retry=retry, vnodes=vnodes)
+                 timeout_s: float = 30.0, retry: RetryPolicy | None = None, vnodes: int = DEFAULT_VNODES,
+                 tls: TlsOption = None) -> None:
+        self.aio = AsyncClient(url, token, encoding=encoding, timeout_s=timeout_s, retry=retry, vnodes=vnodes,
+                               tls=tls)
         self.runner = LoopThread()
         self._finalizer = weakref.finalize(self, _shutdown, self.runner, self.aio)
 
     def __enter__(self) -> Client:
+        """`with Client(...) as c:` closes the client at the end of the block."""
         return self
 
     def __exit__(self, *exc: object) -> None:
+        """Close the client (see `close`)."""
         self.close()
 
     def close(self) -> None:
@@ -135,10 +144,12 @@ class Client:
 
     @property
     def closed(self) -> bool:
+        """True once `close()` ran."""
         return not self._finalizer.alive
 
     @property
     def urls(self) -> list[str]:
+        """The broker base URLs this client talks to, in the order given."""
         return self.aio.urls
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -147,55 +158,81 @@ class Client:
     def send(self, topic: str, body: Body, *, delay_ms: int | float | timedelta | None = None,
              deliver_at: int | float | datetime | None = None, key: str | None = None, tag: str | None = None,
              headers: Mapping[str, str] | None = None, replace: bool = False) -> SendResult:
+        """Produce one message, due after `delay_ms`, at `deliver_at` (epoch ms or an aware
+        `datetime`), or now. A `key` makes it idempotent; `replace=True` reschedules the pending
+        message with that key instead."""
         return self._run(self.aio.send(topic, body, delay_ms=delay_ms, deliver_at=deliver_at, key=key, tag=tag,
                                        headers=headers, replace=replace))
 
     def send_batch(self, topic: str, messages: Iterable[OutgoingMessage | Mapping[str, Any]]) -> list[SendResult]:
+        """Produce many messages (all-or-nothing per broker request); results in the same order."""
         return self._run(self.aio.send_batch(topic, list(messages)))
 
     def cancel(self, id: str) -> CancelResult:
+        """Cancel a pending message. Idempotent; raises `AlreadyDelivered` (409) or `NotFound`."""
         return self._run(self.aio.cancel(id))
 
     def cancel_key(self, topic: str, key: str) -> CancelResult:
+        """Cancel the pending message of `topic` that has `key`."""
         return self._run(self.aio.cancel_key(topic, key))
 
     def get(self, id: str) -> Message:
+        """A message by id, with its state (scheduled, delivered, cancelled); `NotFound` if none."""
         return self._run(self.aio.get(id))
 
     def get_key(self, topic: str, key: str) -> Message:
+        """The pending message of `topic` that has `key`."""
         return self._run(self.aio.get_key(topic, key))
 
     def subscribe(self, topic: str, group: str, start: str | None = None,
                   max_attempts: int | None = None) -> Subscription:
+        """Create or update a subscription group; `start` is "earliest" or "latest"."""
         return self._run(self.aio.subscribe(topic, group, start, max_attempts))
+
+    def get_subscription(self, topic: str, group: str) -> SubscriptionStatus:
+        """A group's settings and counts; `NotFound` if it does not exist (looking never creates it)."""
+        return self._run(self.aio.get_subscription(topic, group))
+
+    def delete_subscription(self, topic: str, group: str) -> None:
+        """Delete a group with its position, leases and dead letters (admin right); `NotFound` if none."""
+        return self._run(self.aio.delete_subscription(topic, group))
 
     def pull(self, topic: str, group: str, max: int = 100, wait_ms: int | timedelta = 0,
              lease_ms: int | timedelta = 30_000, tags: Iterable[str] | None = None) -> list[ReceivedMessage]:
+        """Lease up to `max` due messages, waiting up to `wait_ms` for the first one."""
         return self._run(self.aio.pull(topic, group, max, wait_ms, lease_ms, tags))
 
     def ack(self, topic: str, group: str, receipts: Receipts) -> AckResult:
+        """Acknowledge messages (receipts, or the `ReceivedMessage`s themselves)."""
         return self._run(self.aio.ack(topic, group, receipts))
 
     def nack(self, topic: str, group: str, receipts: Receipts, delay_ms: int | timedelta | None = None
              ) -> NackResult:
+        """Hand messages back for redelivery after `delay_ms` (default: the broker's backoff)."""
         return self._run(self.aio.nack(topic, group, receipts, delay_ms))
 
     def extend(self, topic: str, group: str, receipts: Receipts, lease_ms: int | timedelta = 30_000
                ) -> ExtendResult:
+        """Renew leases to `lease_ms` from now."""
         return self._run(self.aio.extend(topic, group, receipts, lease_ms))
 
     def dead(self, topic: str, group: str, limit: int = 100) -> list[DeadLetter]:
+        """Dead letters of a group (at most `limit`, over all shards)."""
         return self._run(self.aio.dead(topic, group, limit))
 
     def redrive(self, topic: str, group: str, ids: Iterable[str] | None = None) -> RedriveResult:
+        """Re-queue dead letters (the given ids, or all of them)."""
         return self._run(self.aio.redrive(topic, group, None if ids is None else list(ids)))
 
     def stats(self) -> Stats:
+        """`GET /v1/stats` of every shard, merged (counts summed; each shard in `.shards`)."""
         return self._run(self.aio.stats())
 
     def schedule(self, from_ms: int | datetime, to_ms: int | datetime, step_ms: int | timedelta
                  ) -> list[ScheduleBucket]:
+        """How many pending messages fall due in each `step_ms` bucket of [from_ms, to_ms)."""
         return self._run(self.aio.schedule(from_ms, to_ms, step_ms))
 
     def info(self) -> list[NodeInfo]:
+        """`GET /v1/info` of every shard (node id and version), in URL order."""
         return self._run(self.aio.info())

@@ -15,7 +15,10 @@ from typing import Any
 OUT = Path(__file__).resolve().parent / "dashboards" / "delayd.json"
 
 DS = {"type": "prometheus", "uid": "delayd-prometheus"}
-N = 'node=~"$node"'
+# Shards are told apart by the labels every Prometheus adds to a scrape (job, instance), never by
+# a label only this repository's prometheus.yml adds: the dashboard works on anyone's Prometheus.
+# The variables come from delayd_build_info, which only delayd exports.
+N = 'job=~"$job", instance=~"$instance"'
 RI = "$__rate_interval"
 panels: list[dict[str, Any]] = []
 pid = 0
@@ -110,7 +113,7 @@ def thr(*steps: tuple[str, float | None]) -> dict[str, Any]:
 row("Overview", 0)
 panel(
     "Shards up",
-    [(f'count(up{{job="delayd", {N}}} == 1)', "up")],
+    [(f"count(up{{{N}}} == 1)", "up")],
     0,
     1,
     4,
@@ -124,7 +127,7 @@ panel(
     [(f"sum(delayd_scheduled_messages{{{N}}})", "pending")],
     4,
     1,
-    5,
+    4,
     4,
     kind="stat",
     desc="Messages produced and not yet due, across the selected shards.",
@@ -132,20 +135,33 @@ panel(
 panel(
     "Dead letters",
     [(f"sum(delayd_group_dead{{{N}}})", "dead")],
-    9,
+    8,
     1,
-    5,
+    4,
     4,
     kind="stat",
     desc="Messages in any group's dead letters. Anything above 0 needs a look.",
     extra=thr(("green", None), ("orange", 1)),
 )
 panel(
+    "Oldest unacked",
+    [(f"max(delayd_group_oldest_unacked_age_seconds{{{N}}})", "oldest")],
+    12,
+    1,
+    4,
+    4,
+    unit="s",
+    kind="stat",
+    desc="How long ago the oldest due message that some group has not acked fell due (SQS's "
+    "ApproximateAgeOfOldestMessage). Growing means a consumer is stuck or too slow.",
+    extra=thr(("green", None), ("orange", 60), ("red", 600)),
+)
+panel(
     "Disk used",
     [(f"sum(delayd_disk_bytes{{{N}}})", "disk")],
-    14,
+    16,
     1,
-    5,
+    4,
     4,
     unit="bytes",
     kind="stat",
@@ -154,9 +170,9 @@ panel(
 panel(
     "Last recovery",
     [(f"max(delayd_recovery_seconds{{{N}}})", "recovery")],
-    19,
+    20,
     1,
-    5,
+    4,
     4,
     unit="s",
     kind="stat",
@@ -206,15 +222,16 @@ panel(
     12,
     8,
     unit="s",
-    desc="delivered_at - deliver_at. Never negative (never early); target p99 <= 10 ms.",
+    desc="delivered_at - deliver_at. Never negative (never early); target p99 <= 10 ms. Buckets reach a "
+    "day, so the lateness after an outage is measured too.",
     extra=thr(("green", None), ("orange", 0.01), ("red", 0.05)),
 )
 panel(
     "Lateness p99 by shard",
     [
         (
-            f"histogram_quantile(0.99, sum by (node, le) (rate(delayd_lateness_seconds_bucket{{{N}}}[{RI}])))",
-            "{{node}}",
+            f"histogram_quantile(0.99, sum by (instance, le) (rate(delayd_lateness_seconds_bucket{{{N}}}[{RI}])))",
+            "{{instance}}",
         )
     ],
     12,
@@ -226,7 +243,7 @@ panel(
 )
 panel(
     "Pending by shard",
-    [(f"sum by (node) (delayd_scheduled_messages{{{N}}})", "{{node}}")],
+    [(f"sum by (instance) (delayd_scheduled_messages{{{N}}})", "{{instance}}")],
     0,
     23,
     8,
@@ -290,27 +307,100 @@ panel(
     desc="Messages that used up max_attempts. Redrive after fixing the consumer.",
 )
 panel(
+    "Oldest unacked message age by group",
+    [(f"max by (topic, group) (delayd_group_oldest_unacked_age_seconds{{{N}}})", "{{topic}}/{{group}}")],
+    0,
+    40,
+    12,
+    8,
+    unit="s",
+    desc="Now minus deliver_at of each group's oldest due message not yet acked (0: none waiting).",
+)
+panel(
     "Ack / nack / dead rate by group",
     [
         (f"sum by (topic, group) (rate(delayd_acked_total{{{N}}}[{RI}]))", "ack {{topic}}/{{group}}"),
         (f"sum by (topic, group) (rate(delayd_nacked_total{{{N}}}[{RI}]))", "nack {{topic}}/{{group}}"),
         (f"sum by (topic, group) (rate(delayd_dead_total{{{N}}}[{RI}]))", "dead {{topic}}/{{group}}"),
     ],
-    0,
+    12,
     40,
     12,
     8,
     unit="ops",
 )
+
+row("HTTP and disk", 48)
+panel(
+    "Requests by route and status",
+    [
+        (
+            f"sum by (method, route, status) (rate(delayd_http_request_duration_seconds_count{{{N}}}[{RI}]))",
+            "{{method}} {{route}} {{status}}",
+        )
+    ],
+    0,
+    49,
+    8,
+    8,
+    unit="reqps",
+    desc="Routes are the API's path templates, never raw paths. 5xx should never appear.",
+)
+panel(
+    "Request duration p99 by route",
+    [
+        (
+            "histogram_quantile(0.99, sum by (route, le) "
+            f"(rate(delayd_http_request_duration_seconds_bucket{{{N}}}[{RI}])))",
+            "{{route}}",
+        )
+    ],
+    8,
+    49,
+    8,
+    8,
+    unit="s",
+    desc="Produce includes the group-commit fsync; pull includes its long-poll wait (up to 30 s).",
+)
+panel(
+    "Commit-log fsync duration",
+    [
+        (
+            f"histogram_quantile(0.5, sum by (le) (rate(delayd_commitlog_fsync_duration_seconds_bucket{{{N}}}[{RI}])))",
+            "p50",
+        ),
+        (
+            f"histogram_quantile(0.99, sum by (le) (rate(delayd_commitlog_fsync_duration_seconds_bucket{{{N}}}[{RI}])))",
+            "p99",
+        ),
+    ],
+    16,
+    49,
+    8,
+    8,
+    unit="s",
+    desc="Each group commit's fsync. Produce latency under fsync=always cannot be lower than this.",
+)
 panel(
     "Disk used by shard",
-    [(f"sum by (node) (delayd_disk_bytes{{{N}}})", "{{node}}")],
-    12,
-    40,
+    [(f"sum by (instance) (delayd_disk_bytes{{{N}}})", "{{instance}}")],
+    0,
+    57,
     12,
     8,
     unit="bytes",
     desc="Should track the backlog: payload plus a small constant per message.",
+)
+panel(
+    "Versions running",
+    [(f"count by (version) (delayd_build_info{{{N}}})", "{{version}}")],
+    12,
+    57,
+    12,
+    8,
+    unit="short",
+    kind="bargauge",
+    desc="Shards per delayd version (delayd_build_info); more than one bar during a rolling upgrade.",
 )
 
 dash = {
@@ -328,19 +418,31 @@ dash = {
     "templating": {
         "list": [
             {
-                "name": "node",
+                "name": "job",
+                "label": "job",
+                "type": "query",
+                "datasource": DS,
+                "query": {"query": "label_values(delayd_build_info, job)", "refId": "job"},
+                "definition": "label_values(delayd_build_info, job)",
+                "refresh": 2,
+                "multi": False,
+                "includeAll": False,
+                "sort": 1,
+            },
+            {
+                "name": "instance",
                 "label": "shard",
                 "type": "query",
                 "datasource": DS,
-                "query": {"query": 'label_values(up{job="delayd"}, node)', "refId": "node"},
-                "definition": 'label_values(up{job="delayd"}, node)',
+                "query": {"query": 'label_values(delayd_build_info{job=~"$job"}, instance)', "refId": "instance"},
+                "definition": 'label_values(delayd_build_info{job=~"$job"}, instance)',
                 "refresh": 2,
                 "multi": True,
                 "includeAll": True,
                 "allValue": ".*",
                 "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
                 "sort": 1,
-            }
+            },
         ]
     },
     "annotations": {"list": []},

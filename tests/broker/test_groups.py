@@ -88,3 +88,36 @@ def test_snapshot_and_events_restore_state(env):
     assert h.floor == 3 and h.cursor == 3, "acked 0,1,2; everything else is delivered again"
     redo = fresh.take(h, 10, lease_ms=1000, tags=None)
     assert [d.unit.index for d in redo] == [3, 4, 5] and {d.attempt for d in redo} == {1}
+
+
+def test_delete_logs_an_event_and_replay_removes_the_group(env):
+    store, groups, events, now = env
+    g = groups.get_or_create("t", "g")
+    (d,) = groups.take(g, 1, lease_ms=1000, tags=None)
+    snap = groups.snapshot()
+    assert groups.delete("t", "g") is True
+    assert "t/g" not in groups.groups and g.deleted and not g.leases
+    assert events[-1] == ("t", "g", {"op": "delete"})
+    assert groups.delete("t", "g") is False, "a second delete finds nothing"
+    assert len([ev for ev in events if ev[2]["op"] == "delete"]) == 1
+    assert groups.needed() == {}, "a deleted group no longer pins the topic's segments"
+    # A restart from a snapshot taken before the delete replays the delete.
+    fresh = Groups(store, lambda: now[0], lambda *a: None, default_max_attempts=3)
+    fresh.restore(snap, [events[-1]])
+    assert fresh.groups == {}
+    # Re-created after the delete: a new group from the start, not the old position.
+    fresh2 = Groups(store, lambda: now[0], lambda *a: None, default_max_attempts=3)
+    fresh2.restore(snap, [events[-1], ("t", "g", {"op": "create", "start": 0, "mode": "earliest",
+                                                  "max_attempts": 5})])
+    assert fresh2.groups["t/g"].max_attempts == 5 and fresh2.groups["t/g"].floor == 0
+
+
+def test_oldest_unacked_due_time(env):
+    store, groups, events, now = env
+    g = groups.get_or_create("t", "g")
+    first = store.queue("t").read(0, 1)[0]
+    assert groups.oldest_unacked_due_ms(g) == first.deliver_at
+    got = groups.take(g, 6, lease_ms=1000, tags=None)
+    assert groups.oldest_unacked_due_ms(g) == first.deliver_at, "leased is not acked"
+    groups.ack(g, [rc(d) for d in got])
+    assert groups.oldest_unacked_due_ms(g) is None

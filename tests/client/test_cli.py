@@ -144,9 +144,13 @@ def test_stats_and_schedule(fake: FakeBroker, capsys: pytest.CaptureFixture[str]
     assert lines[0].startswith("4 pending message(s) due in the next 3h")
     counts = [int(line.split()[-1]) for line in lines[1:]]
     assert counts == [2, 0, 2]
-    code, out, _ = run(capsys, "schedule", "--hours", "3", "--buckets", "3", "--url", fake.url)
+    for n in (3, 4, 7):
+        code, out, _ = run(capsys, "schedule", "--hours", "3", "--buckets", str(n), "--url", fake.url)
+        rows = out.splitlines()[1:]
+        assert len(rows) == n, f"--buckets {n} printed {len(rows)} lines:\n{out}"
+    code, out, _ = run(capsys, "schedule", "--hours", "4", "--buckets", "4", "--url", fake.url)
     rows = out.splitlines()[1:]
-    assert sum(int(r.split()[-1]) for r in rows) == 4 and len(rows) in (3, 4)
+    assert sum(int(r.split()[-1]) for r in rows) == 4 and len(rows) == 4
     assert all(r.split()[1].endswith(":00") for r in rows)  # aligned to whole hours
     code, out, _ = run(capsys, "schedule", "--hours", "3", "--step", "1h", "--url", fake.url, "--json")
     data = json.loads(out)

@@ -34,6 +34,22 @@ async def test_failing_handler_ends_in_dead_letters(fake: FakeBroker) -> None:
         assert fake.groups[("jobs", "workers")].acked == {"d-1", "d-3"}
 
 
+async def test_handler_failures_are_logged_at_warning_with_the_traceback(
+        fake: FakeBroker, caplog: pytest.LogCaptureFixture) -> None:
+    def broken_handler(m: ReceivedMessage) -> None:
+        raise KeyError("order-42 not in the database")
+
+    async with AsyncClient(fake.url) as c:
+        await c.send("jobs-log", "x")
+        consumer = AsyncConsumer(c, "jobs-log", "w", broken_handler, wait_ms=100, retry_delay_ms=60_000)
+        with caplog.at_level("WARNING", logger="delayd.client.consumer"):
+            async with consumer:
+                await until(lambda: consumer.stats.failed == 1, what="one failure")
+    (record,) = [r for r in caplog.records if "handler failed" in r.getMessage()]
+    assert record.levelname == "WARNING" and record.exc_info is not None
+    assert "order-42 not in the database" in caplog.text and "broken_handler" in caplog.text, "the traceback"
+
+
 async def test_concurrency_is_bounded(fake: FakeBroker) -> None:
     running = 0
     peak = 0

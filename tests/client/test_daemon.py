@@ -240,6 +240,73 @@ def test_cli_against_daemon(daemon: DaemonProcess, tmp_path: Path, capsys: pytes
     assert cli_main(["schedule", "--hours", "1", "--url", daemon.url]) == 0
 
 
+async def test_show_and_delete_subscription(c: Either) -> None:
+    topic = fresh()
+    with pytest.raises(NotFound):
+        await c("get_subscription", topic, "g")
+    await c("subscribe", topic, "g", max_attempts=3)
+    await c("send_batch", topic, [{"body": "a"}, {"body": "b"}])
+    (m,) = await until_async(lambda: c("pull", topic, "g", max=1, wait_ms=500), what="a message")
+    s = await c("get_subscription", topic, "g")
+    assert (s.topic, s.group, s.max_attempts, s.inflight, s.dead) == (topic, "g", 3, 1, 0)
+    assert s.backlog == 1 and s.oldest_unacked_age_ms >= 0
+    assert await c("delete_subscription", topic, "g") is None
+    with pytest.raises(NotFound):
+        await c("get_subscription", topic, "g")
+    with pytest.raises(NotFound):
+        await c("delete_subscription", topic, "g")
+    assert (await c("ack", topic, "g", m)).stale == [m.receipt], "the lease went with the group"
+
+
+def test_public_methods_of_both_clients_have_docstrings() -> None:
+    for cls in (Client, AsyncClient):
+        missing = [name for name, member in vars(cls).items()
+                   if not name.startswith("_") and callable(getattr(member, "fget", member))
+                   and not (getattr(member, "fget", member).__doc__ or "").strip()]
+        assert not missing, f"{cls.__name__} methods without a docstring: {missing}"
+        assert (cls.__doc__ or "").strip()
+
+
+def test_cli_subscribe_ack_dead_redrive(daemon: DaemonProcess, capsys: pytest.CaptureFixture[str]) -> None:
+    topic = fresh()
+    url = ["--url", daemon.url]
+
+    def cli(*argv: str) -> tuple[int, str, str]:
+        code = cli_main([*argv, *url])
+        out = capsys.readouterr()
+        return code, out.out, out.err
+
+    code, out, _ = cli("subscribe", "create", topic, "g", "--max-attempts", "1")
+    assert code == 0 and f"{topic}/g" in out and "max_attempts: 1" in out
+    with Client(daemon.url) as client:
+        client.send(topic, "poison")
+        (m,) = client.pull(topic, "g", wait_ms=5_000)
+        client.nack(topic, "g", m)  # one attempt allowed: straight to dead letters
+    code, out, _ = cli("dead", topic, "g")
+    assert code == 0 and m.id in out and "nacked" in out and "poison" in out
+    code, out, _ = cli("dead", topic, "g", "--json")
+    assert [json.loads(line)["id"] for line in out.splitlines()] == [m.id]
+    code, _, err = cli("redrive", topic, "g")
+    assert code == 2 and "--all" in err, "redrive without ids asks for --all"
+    code, out, _ = cli("redrive", topic, "g", m.id)
+    assert code == 0 and "redriven 1" in out
+    with Client(daemon.url) as client:
+        (again,) = client.pull(topic, "g", wait_ms=5_000)
+    code, out, _ = cli("ack", topic, "g", again.receipt)
+    assert code == 0 and out.strip() == "acked 1"
+    code, out, _ = cli("ack", topic, "g", again.receipt, "--json")
+    assert code == 4 and json.loads(out) == {"acked": 0, "stale": [again.receipt]}
+    code, out, _ = cli("subscribe", "show", topic, "g", "--json")
+    shown = json.loads(out)
+    assert code == 0 and (shown["backlog"], shown["inflight"], shown["dead"]) == (0, 0, 0)
+    code, out, _ = cli("subscribe", "delete", topic, "g")
+    assert code == 0 and out.strip() == f"deleted {topic}/g"
+    code, _, err = cli("subscribe", "show", topic, "g")
+    assert code == 3 and "no subscription" in err, err
+    code, _, err = cli("subscribe", "delete", topic, "g")
+    assert code == 3
+
+
 def run_example(url: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, str(ROOT / "examples" / "order_timeout.py"), "--url", url,
                            "--orders", "8", "--timeout-ms", "600", "--deadline-s", "20"],

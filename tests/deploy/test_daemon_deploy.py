@@ -37,6 +37,10 @@ EXPECTED: dict[str, tuple[str, set[str]]] = {
     "delayd_group_backlog": ("gauge", {"topic", "group"}),
     "delayd_group_inflight": ("gauge", {"topic", "group"}),
     "delayd_group_dead": ("gauge", {"topic", "group"}),
+    "delayd_group_oldest_unacked_age_seconds": ("gauge", {"topic", "group"}),
+    "delayd_http_request_duration_seconds": ("histogram", {"method", "route", "status"}),
+    "delayd_commitlog_fsync_duration_seconds": ("histogram", set()),
+    "delayd_build_info": ("gauge", {"version", "python", "node_id"}),
 }
 
 
@@ -96,6 +100,45 @@ def test_systemd_flags_are_accepted(tmp_path: Path) -> None:
         assert status == 200 and info["node_id"] == flags[flags.index("--node-id") + 1]
     finally:
         assert d.stop() == 0, d.log_tail()
+
+
+def _image_command() -> list[str]:
+    """The Dockerfile's default CMD (exec form)."""
+    text = re.sub(r"\\\n", " ", (DEPLOY / "Dockerfile").read_text())
+    (cmd,) = [json.loads(line[4:]) for line in text.splitlines() if line.startswith("CMD ")]
+    return list(cmd)
+
+
+def test_image_default_command_serves_safely_with_a_generated_token(tmp_path: Path) -> None:
+    """What `docker run IMAGE` does, without Docker: the CMD's flags on a non-loopback address
+    (0.0.0.0 as in the image, on a free port) start a daemon that requires a token it generated
+    into the data directory (0600), keeps across restarts, and never writes to the log."""
+    cmd = _image_command()
+    assert cmd[cmd.index("--listen") + 1].startswith("0.0.0.0:")
+    fsync, extra = _fsync_and_extra(_strip(cmd))
+    port = free_port()
+    d = DaemonProcess(tmp_path / "data", port=port, fsync=fsync, extra_args=[*extra, "--listen", f"0.0.0.0:{port}"])
+    d.start()
+    try:
+        token_file = tmp_path / "data" / "admin.token"
+        assert token_file.stat().st_mode & 0o777 == 0o600
+        token = token_file.read_text().strip()
+        assert len(token) >= 32
+        assert d.request("GET", "/v1/stats")[0] == 401
+        assert d.request("POST", "/v1/topics/t/messages", {"body": "x"})[0] == 401
+        auth = {"Authorization": f"Bearer {token}"}
+        assert d.request("POST", "/v1/topics/t/messages", {"body": "x"}, headers=auth)[0] == 200
+        assert d.request("GET", "/v1/stats", headers=auth)[0] == 200
+        assert d.request("GET", "/healthz")[0] == 200, "the image's HEALTHCHECK needs no token"
+        d.stop()
+        d.start()  # the same token after a restart, not a new one
+        assert token_file.read_text().strip() == token
+        assert d.request("GET", "/v1/stats", headers=auth)[0] == 200
+    finally:
+        assert d.stop() == 0, d.log_tail()
+    log = d.log_path.read_text()
+    assert str(token_file) in log and "generated now" in log and "kept" in log
+    assert token not in log, "the token must never reach the log"
 
 
 def test_dockerfile_healthcheck_probe(shard: DaemonProcess) -> None:
@@ -221,3 +264,56 @@ def test_dashboard_and_alerts_query_only_exported_metrics(metrics_text: str) -> 
     used = set(re.findall(r"\bdelayd_[a-z_]+\b", dashboard + alerts)) - {"delayd_overview"}
     assert used, "no delayd metric referenced?"
     assert used <= exported, f"queried but not exported by the daemon: {sorted(used - exported)}"
+
+
+def _series_without_node(metrics_text: str, job: str, instance: str) -> list[dict[str, str]]:
+    """promtool input series from the daemon's real /metrics, as a Prometheus that adds only `job`
+    and `instance` stores them: counters and histograms grow, gauges hold still."""
+    out = [{"series": f'up{{job="{job}", instance="{instance}"}}', "values": "1+0x40"}]
+    for fam in text_string_to_metric_families(metrics_text):
+        for sample in fam.samples:
+            labels = {**sample.labels, "job": job, "instance": instance}
+            assert "node" not in labels
+            text = ", ".join(f"{k}={json.dumps(v)}" for k, v in sorted(labels.items()))
+            grows = fam.type in ("counter", "histogram") and not sample.name.endswith("_created")
+            step = (sample.value or 1) if grows else 0
+            out.append({"series": f"{sample.name}{{{text}}}", "values": f"{sample.value}+{step}x40"})
+    return out
+
+
+def test_every_dashboard_query_returns_data_on_a_prometheus_without_the_node_label(
+        metrics_text: str, tmp_path: Path) -> None:
+    """Each panel query and variable of the dashboard, evaluated by promtool over the real daemon's
+    series scraped by a job named differently and with no `node` label, returns data."""
+    from tests.deploy.test_grafana import DASHBOARD, GRAFANA_VARS, _exprs
+
+    dashboard = json.loads(DASHBOARD.read_text())
+    job, instance = "my-delayd", "10.0.0.5:7070"
+    grafana = {**GRAFANA_VARS, "$job": job, "$instance": ".*"}  # what the variables resolve to here
+
+    def resolve(expr: str) -> str:
+        for var, value in grafana.items():
+            expr = expr.replace(var, value)
+        assert "$" not in expr, expr
+        return expr
+
+    tests: list[dict[str, Any]] = []
+    for title, expr in _exprs(dashboard):
+        tests.append({"expr": f"clamp_max(count({resolve(expr)}), 1)", "eval_time": "8m",
+                      "exp_samples": [{"labels": "{}", "value": 1}], "_title": title})
+    for v in dashboard["templating"]["list"]:
+        m = re.fullmatch(r"label_values\((.+), (\w+)\)", v["query"]["query"])
+        assert m, v
+        selector, label = resolve(m.group(1)), m.group(2)
+        # The variable's label must exist on the series, or the variable has no values.
+        selector = selector[:-1] + f', {label}!=""}}' if selector.endswith("}") else f'{selector}{{{label}!=""}}'
+        tests.append({"expr": f"clamp_max(count(count by ({label}) ({selector})), 1)", "eval_time": "8m",
+                      "exp_samples": [{"labels": "{}", "value": 1}], "_title": f"variable {v['name']}"})
+    titles = [t.pop("_title") for t in tests]
+    spec = {"rule_files": [], "evaluation_interval": "15s", "tests": [{
+        "interval": "15s", "input_series": _series_without_node(metrics_text, job, instance),
+        "promql_expr_test": tests}]}
+    path = tmp_path / "dashboard_test.yml"
+    path.write_text(json.dumps(spec))  # JSON is YAML
+    r = subprocess.run([tool("promtool"), "test", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, f"queries without data ({len(titles)} checked: {titles}):\n{r.stdout[-4000:]}{r.stderr}"

@@ -55,6 +55,7 @@ def test_runtime_contract() -> None:
     assert cmd[cmd.index("--data-dir") + 1] == "/data"
     assert cmd[cmd.index("--listen") + 1] == "0.0.0.0:7070"
     assert "--insecure" not in cmd, "the image default stays secure; compose adds --insecure explicitly"
+    assert "--auto-token" in cmd, "without tokens the default command must still start, with a generated token"
     hc = get("HEALTHCHECK")
     assert len(hc) == 1 and 'CMD ["python", "-c"' in hc[0]
     code = dockerfile_healthcheck_code()

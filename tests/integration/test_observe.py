@@ -4,21 +4,24 @@ document itself and every endpoint's real answers validated against it (API.md, 
 
 from __future__ import annotations
 
+import json
 import random
 import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import pytest
+from openapi_schema_validator import OAS30Validator
+from openapi_spec_validator import validate as validate_openapi_document
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.wire import JSON, MSGPACK, Api, Resp, daemon_log_clean, now_ms, ok
 from tests.support.daemon import ROOT, DaemonProcess, wait_until
 
 SUB = "/v1/topics/{topic}/subscriptions/{group}"
-# The endpoints of API.md (shared/API.md); test_api_md_paths_match checks this list against it.
+# The endpoints of the original contract (docs/api.md above "## Additions");
+# test_api_md_paths_match_the_lists_tested_here checks both lists against the document.
 API_MD_PATHS = {
     ("POST", "/v1/topics/{topic}/messages"), ("DELETE", "/v1/messages/{id}"),
     ("DELETE", "/v1/topics/{topic}/keys/{key}"), ("GET", "/v1/messages/{id}"),
@@ -27,7 +30,10 @@ API_MD_PATHS = {
     ("GET", "/v1/stats"), ("GET", "/v1/schedule"), ("GET", "/metrics"), ("GET", "/healthz"), ("GET", "/readyz"),
     ("GET", "/openapi.json"),
 }
-API_MD = Path("/work/shared/API.md")
+# The endpoints docs/api.md's "## Additions" section adds.
+ADDED_PATHS = {("GET", "/v1/info"), ("GET", SUB), ("DELETE", SUB)}
+# The contract lives in the repository; a clone without it is broken, so this is never skipped.
+API_MD = ROOT / "docs" / "api.md"
 STAGES = {"enqueue_get", "enqueue_put", "dequeue_get", "dequeue_get_message", "dequeue_put"}
 
 
@@ -40,77 +46,35 @@ def is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-# -- a tiny validator for the OpenAPI 3.0 schema subset /openapi.json uses --------------------------
-TYPES = {"object": dict, "array": list, "string": str, "boolean": bool, "number": (int, float), "integer": int}
-KEYWORDS = {"type", "nullable", "required", "properties", "additionalProperties", "items", "enum", "oneOf",
-            "minimum", "maximum", "minLength", "maxLength", "minItems", "maxItems", "maxProperties", "pattern"}
+def validate(spec: dict[str, Any], schema: dict[str, Any], value: Any) -> list[str]:
+    """Errors of `value` against an OpenAPI 3.0 schema of `spec` ([] when valid), by the
+    openapi-schema-validator library; `$ref`s resolve against the spec's components."""
+    validator = OAS30Validator({**schema, "components": spec["components"]})
+    return [f"{'.'.join(map(str, e.absolute_path)) or '$'}: {e.message}" for e in validator.iter_errors(value)]
 
 
-def validate(schema: dict[str, Any], value: Any, where: str = "$") -> list[str]:
-    """Errors of `value` against `schema` ([] when valid). Unknown keywords fail loudly, so the
-    spec cannot quietly outgrow what this checks."""
-    unknown = set(schema) - KEYWORDS
-    assert not unknown, f"validator does not know {unknown} (at {where})"
-    if value is None:
-        return [] if schema.get("nullable") else [f"{where}: null is not allowed"]
-    errs: list[str] = []
-    t = schema.get("type")
-    if t is not None:
-        py = TYPES[t]
-        if not isinstance(value, py) or (isinstance(value, bool) and t in ("integer", "number")):
-            return [f"{where}: {type(value).__name__} is not {t}"]
-    if "enum" in schema and value not in schema["enum"]:
-        errs.append(f"{where}: {value!r} not in {schema['enum']}")
-    if "oneOf" in schema:
-        matches = sum(not validate(s, value, where) for s in schema["oneOf"])
-        if matches != 1:
-            errs.append(f"{where}: matches {matches} of oneOf, not exactly one")
-    if "minimum" in schema and value < schema["minimum"]:
-        errs.append(f"{where}: {value} < minimum {schema['minimum']}")
-    if "maximum" in schema and value > schema["maximum"]:
-        errs.append(f"{where}: {value} > maximum {schema['maximum']}")
-    if isinstance(value, str):
-        if len(value) < schema.get("minLength", 0) or len(value) > schema.get("maxLength", len(value)):
-            errs.append(f"{where}: string length {len(value)} out of range")
-        if "pattern" in schema and not re.search(schema["pattern"], value):
-            errs.append(f"{where}: {value!r} does not match {schema['pattern']}")
-    if isinstance(value, list):
-        if not schema.get("minItems", 0) <= len(value) <= schema.get("maxItems", len(value)):
-            errs.append(f"{where}: {len(value)} items out of range")
-        for i, item in enumerate(value):
-            errs += validate(schema.get("items", {}), item, f"{where}[{i}]")
-    if isinstance(value, dict):
-        props = schema.get("properties", {})
-        errs += [f"{where}: missing {k!r}" for k in schema.get("required", []) if k not in value]
-        if len(value) > schema.get("maxProperties", len(value)):
-            errs.append(f"{where}: more than {schema['maxProperties']} properties")
-        extra = schema.get("additionalProperties", True)
-        for k, v in value.items():
-            if k in props:
-                errs += validate(props[k], v, f"{where}.{k}")
-            elif extra is False:
-                errs.append(f"{where}: unexpected property {k!r}")
-            elif isinstance(extra, dict):
-                errs += validate(extra, v, f"{where}.{k}")
-    return errs
-
-
-def test_validator_catches_what_it_claims() -> None:
-    s = {"type": "object", "required": ["a"], "additionalProperties": False, "properties": {
-        "a": {"type": "integer", "minimum": 1}, "b": {"type": "array", "items": {"enum": ["x"]}},
-        "c": {"type": "string", "nullable": True, "maxLength": 2}}}
-    assert validate(s, {"a": 1, "b": ["x"], "c": None}) == []
-    assert len(validate(s, {"a": 0, "b": ["y"], "c": "long", "d": 1})) == 4
-    assert validate(s, {}) == ["$: missing 'a'"]
-    assert validate({"type": "integer"}, True) and validate({"type": "integer"}, 1.5)
-    assert validate({"oneOf": [{"type": "string"}, {"type": "integer"}]}, []) != []
+def test_validator_catches_what_it_claims(spec: dict[str, Any]) -> None:
+    view = {"$ref": "#/components/schemas/MessageView"}
+    good = {"id": "d-1", "topic": "t", "key": None, "tag": None, "headers": {}, "body": "x", "deliver_at": 1,
+            "produced_at": 1, "state": "scheduled"}
+    assert validate(spec, view, good) == []
+    assert validate(spec, view, {**good, "state": "lost"}) != []
+    assert validate(spec, view, {**good, "deliver_at": True}) != [], "a boolean is not an integer"
+    assert validate(spec, view, {k: v for k, v in good.items() if k != "id"}) != []
+    message_in = {"$ref": "#/components/schemas/MessageIn"}
+    assert validate(spec, message_in, {"body": "x", "deliver_at": "2027-01-01T08:00:00Z"}) == []
+    assert validate(spec, message_in, {"body": "x", "body_b64": "eA=="}) != [], "exactly one body form"
+    assert validate(spec, message_in, {"body": "x", "delay_ms": 1, "deliver_at": 2}) != []
+    assert validate(spec, message_in, {"body": "x", "bogus": 1}) != []
 
 
 def response_schema(spec: dict[str, Any], method: str, template: str, status: int) -> dict[str, Any] | None:
     op = spec["paths"][template][method.lower()]
     assert str(status) in op["responses"], f"{method} {template} answered {status}, which the spec does not list"
-    content = op["responses"][str(status)].get("content", {})
-    return content.get("application/json", {}).get("schema")
+    response = op["responses"][str(status)]
+    if "$ref" in response:  # "#/components/responses/E404"
+        response = spec["components"]["responses"][response["$ref"].rsplit("/", 1)[1]]
+    return response.get("content", {}).get("application/json", {}).get("schema")
 
 
 def check(spec: dict[str, Any], resp: Resp, method: str, template: str) -> Any:
@@ -118,7 +82,7 @@ def check(spec: dict[str, Any], resp: Resp, method: str, template: str) -> Any:
     schema = response_schema(spec, method, template, resp.status)
     body = resp.body if resp.content_type in (JSON, MSGPACK) else resp.raw
     if schema is not None:
-        errs = validate(schema, body)
+        errs = validate(spec, schema, body)
         assert not errs, f"{method} {template} -> {resp.status}: {errs[:5]}\n{body!r:.500}"
     return body
 
@@ -293,6 +257,44 @@ def test_metrics_parse_and_carry_every_metric_with_true_values(api: Api) -> None
     assert sample("delayd_lateness_seconds", "_count") >= 2
 
 
+def test_metrics_users_of_sqs_and_rocketmq_expect(api: Api) -> None:
+    """Build info, request duration by route template and status, fsync duration, the age of
+    each group's oldest due and unacked message, and lateness buckets past a minute."""
+    from delayd import __version__
+    t = "expect-t"
+    past = now_ms() - 90_000  # due 90 s ago: released now, 90 s late, and 90 s old for the group
+    api.produce(t, {"body": "old", "deliver_at": past}, {"body": "new"})
+    got = api.pull_until(t, "g", 2)
+    old = next(m for m in got if m["body"] == "old")
+    api.ack(t, "g", [m["receipt"] for m in got if m is not old])
+    api.call("GET", "/v1/messages/d-fffff1")  # 404 on a templated route
+    api.call("GET", "/no/such/route/abc123")  # 404 on no route
+    families = {f.name: f for f in text_string_to_metric_families(api.call("GET", "/metrics").raw.decode())}
+
+    (info,) = families["delayd_build_info"].samples
+    assert info.value == 1 and info.labels["version"] == __version__ and info.labels["node_id"]
+    http = families["delayd_http_request_duration_seconds"].samples
+    counts = {(s.labels["method"], s.labels["route"], s.labels["status"]): s.value for s in http
+              if s.name.endswith("_count")}
+    assert counts[("POST", "/v1/topics/{topic}/messages", "200")] >= 1
+    assert counts[("GET", "/v1/messages/{id}", "404")] >= 1
+    assert counts[("GET", "unmatched", "404")] >= 1
+    assert not any("d-fffff1" in r or "abc123" in r or t in r for _, r, _ in counts), "raw paths are not labels"
+    fsync = {s.name: s.value for s in families["delayd_commitlog_fsync_duration_seconds"].samples}
+    assert fsync["delayd_commitlog_fsync_duration_seconds_count"] >= 1
+    age = [s.value for s in families["delayd_group_oldest_unacked_age_seconds"].samples
+           if s.labels == {"topic": t, "group": "g"}]
+    assert len(age) == 1 and 89 <= age[0] < 200, age
+    late = {float(s.labels["le"]): s.value for s in families["delayd_lateness_seconds"].samples
+            if s.name.endswith("_bucket")}
+    assert late[60.0] < late[120.0], "a message 90 s late lands in a bucket of its own, not only +Inf"
+    assert max(le for le in late if le != float("inf")) >= 3600
+    api.ack(t, "g", [old["receipt"]])
+    families = {f.name: f for f in text_string_to_metric_families(api.call("GET", "/metrics").raw.decode())}
+    assert [s.value for s in families["delayd_group_oldest_unacked_age_seconds"].samples
+            if s.labels == {"topic": t, "group": "g"}] == [0], "all acked: nothing is waiting"
+
+
 def test_health_and_readiness(api: Api) -> None:
     assert ok(api.call("GET", "/healthz")) == {"status": "ok"}
     assert ok(api.call("GET", "/readyz")) == {"status": "ready"}
@@ -320,51 +322,49 @@ def test_readyz_becomes_200_after_start_and_healthz_serves_first(tmp_path) -> No
 
 
 # -- OpenAPI --------------------------------------------------------------------------------------
-def test_openapi_is_openapi_3_and_has_every_api_md_path(spec: dict[str, Any]) -> None:
-    assert spec["openapi"].startswith("3.") and spec["info"]["title"] and spec["info"]["version"]
+def test_openapi_document_is_valid_openapi_3(spec: dict[str, Any]) -> None:
+    """The served document passes the real openapi-spec-validator (it raises on any error)."""
+    assert spec["openapi"].startswith("3.0.")
+    validate_openapi_document(spec)
+
+
+def test_openapi_has_operation_ids_components_and_bearer_security(spec: dict[str, Any]) -> None:
+    ops = [(m, p, op) for p, item in spec["paths"].items() for m, op in item.items()]
+    ids = [op["operationId"] for _, _, op in ops]
+    assert len(ids) == len(set(ids)) == len(ops), "every operation has its own operationId"
+    assert spec["components"]["securitySchemes"]["bearer"] == {
+        "type": "http", "scheme": "bearer", "description": spec["components"]["securitySchemes"]["bearer"]["description"]}
+    assert spec["security"] == [{"bearer": []}]
+    for m, p, op in ops:
+        assert ("security" in op and op["security"] == []) == (p in ("/healthz", "/readyz", "/openapi.json")), \
+            f"{m} {p}: only health, readiness and this document are open without a token"
+    text = json.dumps(spec["paths"])
+    for name in ("Error", "MessageIn", "MessageView", "PulledMessage", "Stats", "SubscriptionStatus"):
+        assert f'"#/components/schemas/{name}"' in json.dumps(spec), f"{name} is not referenced"
+    assert '"#/components/responses/E400"' in text, "shared error answers are referenced, not repeated"
+
+
+def test_openapi_has_every_documented_path(spec: dict[str, Any]) -> None:
     ops = {(m.upper(), p) for p, item in spec["paths"].items() for m in item}
-    missing = API_MD_PATHS - ops
-    assert not missing, f"paths of API.md not in /openapi.json: {sorted(missing)}"
+    assert API_MD_PATHS | ADDED_PATHS == ops, (sorted((API_MD_PATHS | ADDED_PATHS) - ops), sorted(ops - API_MD_PATHS - ADDED_PATHS))
     for path, item in spec["paths"].items():
-        assert path.startswith("/")
         for method, op in item.items():
             assert method in ("get", "put", "post", "delete") and op["responses"], (path, method)
-            for name in re.findall(r"{(\w+)}", path):
-                assert any(p["name"] == name and p["in"] == "path" for p in op.get("parameters", [])), \
-                    f"{method} {path} does not declare the path parameter {name}"
 
 
-def test_openapi_schemas_use_only_openapi_3_0_keywords(spec: dict[str, Any]) -> None:
-    """`type` is one string in OpenAPI 3.0 (null is `nullable: true`), and the validator below
-    knows every keyword used: walk every schema of every operation."""
-    schemas: list[dict[str, Any]] = []
-    for item in spec["paths"].values():
-        for op in item.values():
-            for r in op["responses"].values():
-                schemas += [c["schema"] for c in r.get("content", {}).values() if "schema" in c]
-            schemas += [c["schema"] for c in op.get("requestBody", {}).get("content", {}).values()]
-            schemas += [p["schema"] for p in op.get("parameters", [])]
-
-    def walk(s: dict[str, Any]) -> None:
-        assert set(s) <= KEYWORDS, set(s) - KEYWORDS
-        if "type" in s:
-            assert isinstance(s["type"], str) and s["type"] in TYPES, s["type"]
-        for sub in [*s.get("properties", {}).values(), *s.get("oneOf", [])]:
-            walk(sub)
-        for key in ("items", "additionalProperties"):
-            if isinstance(s.get(key), dict):
-                walk(s[key])
-    for s in schemas:
-        walk(s)
-
-
-@pytest.mark.skipif(not API_MD.exists(), reason="shared/API.md is not on this machine")
-def test_api_md_paths_match_the_list_tested_here() -> None:
+def _doc_paths(text: str) -> set[tuple[str, str]]:
     found = set()
-    for method, path in re.findall(r"`(GET|POST|PUT|DELETE) ([^`\s]+)", API_MD.read_text()):
+    for method, path in re.findall(r"`(GET|POST|PUT|DELETE) ([^`\s]+)", text):
         path = path.split("?", 1)[0]
         found.add((method, SUB + path[3:] if path.startswith("...") else path))
-    assert found == API_MD_PATHS
+    return found
+
+
+def test_api_md_paths_match_the_lists_tested_here() -> None:
+    assert API_MD.is_file(), f"the API contract {API_MD} is missing from the repository"
+    contract, additions = API_MD.read_text().split("\n## Additions\n", 1)
+    assert _doc_paths(contract) == API_MD_PATHS
+    assert _doc_paths(additions) - API_MD_PATHS == ADDED_PATHS
 
 
 def test_every_endpoint_answers_as_its_schema_says(api: Api, spec: dict[str, Any]) -> None:
@@ -380,7 +380,7 @@ def test_every_endpoint_answers_as_its_schema_says(api: Api, spec: dict[str, Any
     produce_schema = spec["paths"][M]["post"]["requestBody"]["content"][JSON]["schema"]
     single = {"body": "hello", "key": "k-1", "tag": "a", "headers": {"h": "v"}, "delay_ms": 0}
     batch = {"messages": [{"body_b64": "/wA="}, {"body": "later", "delay_ms": 600_000}]}
-    assert validate(produce_schema, single) == [] and validate(produce_schema, batch) == []
+    assert validate(spec, produce_schema, single) == [] and validate(spec, produce_schema, batch) == []
     assert c("PUT", S, sub, {"start": "earliest", "max_attempts": 2})["max_attempts"] == 2
     (p1,) = c("POST", M, f"/v1/topics/{t}/messages", single)["messages"]
     p2, p3 = c("POST", M, f"/v1/topics/{t}/messages", batch)["messages"]
@@ -391,7 +391,7 @@ def test_every_endpoint_answers_as_its_schema_says(api: Api, spec: dict[str, Any
     c("GET", "/v1/topics/{topic}/keys/{key}", f"/v1/topics/{t}/keys/k-1")
     c("DELETE", "/v1/topics/{topic}/keys/{key}", f"/v1/topics/{t}/keys/k-2")
     pull = {"max": 10, "wait_ms": 1000, "lease_ms": 5000}
-    assert validate(pull_schema, pull) == []
+    assert validate(spec, pull_schema, pull) == []
     got: list[dict[str, Any]] = []
     while len(got) < 2:
         got += c("POST", f"{S}/pull", f"{sub}/pull", pull)["messages"]
@@ -418,6 +418,13 @@ def test_every_endpoint_answers_as_its_schema_says(api: Api, spec: dict[str, Any
     c("GET", "/readyz", "/readyz")
     c("GET", "/metrics", "/metrics")
     c("GET", "/openapi.json", "/openapi.json")
+    shown = c("GET", S, sub)
+    assert (shown["group"], shown["max_attempts"], shown["dead"]) == (g, 2, 0)
+    gone = f"/v1/topics/{t}/subscriptions/gone"
+    c("PUT", S, gone)
+    assert c("DELETE", S, gone) == {"topic": t, "group": "gone", "deleted": True}
+    c("DELETE", S, gone)  # 404
+    c("GET", S, gone)  # 404
     # Errors, with the statuses each operation documents.
     c("POST", M, f"/v1/topics/{t}/messages", {"body": "x", "bogus": 1})
     c("POST", M, f"/v1/topics/{t}/messages", {"body": "x" * (1024 * 1024 + 1)})
@@ -431,8 +438,15 @@ def test_every_endpoint_answers_as_its_schema_says(api: Api, spec: dict[str, Any
     for body in ({}, {"max": 1}, {"max": 0}, {"max": 1001}, {"lease_ms": 999}, {"wait_ms": 30_001},
                  {"tags": "a"}, {"tags": ["a"]}, {"lease": 1000}, {"max": "1"}):
         accepted = api.call("POST", f"{sub}/pull", body).status == 200
-        assert accepted == (validate(pull_schema, body) == []), body
+        assert accepted == (validate(spec, pull_schema, body) == []), body
+    for body in ({"body": "x"}, {"body_b64": "eA=="}, {"body": "x", "body_b64": "eA=="}, {}, {"delay_ms": 1},
+                 {"body": "x", "delay_ms": -1}, {"body": "x", "delay_ms": 1, "deliver_at": 2},
+                 {"body": "x", "deliver_at": "2027-01-01T09:00:00+01:00"}, {"body": "x", "deliver_at": 1.5},
+                 {"body": "x", "tag": "t" * 129}, {"body": "x", "replace": "yes"}, {"messages": []},
+                 {"messages": [{"body": "x"}]}, {"messages": [{"body": "x"}], "body": "y"}):
+        accepted = api.call("POST", f"/v1/topics/{t}/messages", body).status == 200
+        assert accepted == (validate(spec, produce_schema, body) == []), body
     put_schema = spec["paths"][S]["put"]["requestBody"]["content"][JSON]["schema"]
     for body in ({}, {"start": "latest"}, {"start": "x"}, {"max_attempts": 0}, {"max_attempts": 3}, {"m": 1}):
         accepted = api.call("PUT", f"/v1/topics/{t}/subscriptions/other", body).status == 200
-        assert accepted == (validate(put_schema, body) == []), body
+        assert accepted == (validate(spec, put_schema, body) == []), body

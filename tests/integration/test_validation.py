@@ -131,6 +131,12 @@ BAD_MESSAGES: dict[str, tuple[dict[str, Any], str]] = {
     "delay_ms-beyond-horizon": ({"body": "x", "delay_ms": MAX_DELAY_MS + 1}, "delay_too_long"),
     "delay_ms-huge": ({"body": "x", "delay_ms": 2**80}, "delay_too_long"),
     "deliver_at-string": ({"body": "x", "deliver_at": "2030-01-01"}, "invalid_message"),
+    "deliver_at-iso-without-zone": ({"body": "x", "deliver_at": "2030-01-01T08:00:00"}, "invalid_message"),
+    "deliver_at-iso-bad-month": ({"body": "x", "deliver_at": "2030-13-01T08:00:00Z"}, "invalid_message"),
+    "deliver_at-iso-bad-offset": ({"body": "x", "deliver_at": "2030-01-01T08:00:00+24:00"}, "invalid_message"),
+    "deliver_at-iso-before-1970": ({"body": "x", "deliver_at": "1969-12-31T23:59:59Z"}, "invalid_message"),
+    "deliver_at-iso-padded": ({"body": "x", "deliver_at": " 2030-01-01T08:00:00Z"}, "invalid_message"),
+    "deliver_at-iso-beyond-horizon": ({"body": "x", "deliver_at": "9999-01-01T00:00:00Z"}, "delay_too_long"),
     "deliver_at-float": ({"body": "x", "deliver_at": 1.5}, "invalid_message"),
     "deliver_at-bool": ({"body": "x", "deliver_at": False}, "invalid_message"),
     "deliver_at-beyond-horizon": ({"body": "x", "deliver_at": FUTURE}, "delay_too_long"),
@@ -168,6 +174,25 @@ def test_bad_message_field_is_400_with_index(api: Api, msg: dict[str, Any], code
     err = assert_error(api.call("POST", f"/v1/topics/{topic}/messages", batch), 400, code)
     assert err["index"] == 2
     assert produced_in(api, topic) == before, "a rejected batch stored something"
+
+
+@pytest.mark.parametrize("fmt", [JSON, MSGPACK])
+def test_deliver_at_as_an_iso_8601_time_with_a_zone(api: Api, fmt: str) -> None:
+    at = 1_893_484_800_000  # 2030-01-01T08:00:00Z
+    sent = api.produce("iso", {"body": "z", "deliver_at": "2030-01-01T08:00:00Z"},
+                       {"body": "offset", "deliver_at": "2030-01-01T09:00:00+01:00"},
+                       {"body": "minutes", "deliver_at": "2030-01-01T08:00Z"},
+                       {"body": "fraction", "deliver_at": "2030-01-01T08:00:00.1239Z"},
+                       {"body": "lower", "deliver_at": "2030-01-01t03:00:00.5-05:00"}, fmt=fmt)
+    assert [m["deliver_at"] for m in sent] == [at, at, at, at + 123, at + 500]
+    assert ok(api.get(sent[1]["id"]))["deliver_at"] == at, "stored as epoch ms, shown as epoch ms"
+    err = assert_error(api.call("POST", "/v1/topics/iso/messages", {"body": "x", "deliver_at": "2030-01-01T08:00"},
+                                fmt=fmt), 400, "invalid_message")
+    assert "zone" in err["message"]
+    # In the past: due now, delivered like an integer deliver_at in the past.
+    (past,) = api.produce("iso-past", {"body": "p", "deliver_at": "2001-02-03T04:05:06Z"}, fmt=fmt)
+    assert past["deliver_at"] == 981_173_106_000
+    assert api.pull_until("iso-past", "g", 1, ack=True)[0]["id"] == past["id"]
 
 
 def test_limits_exactly_at_the_boundary_are_accepted(api: Api) -> None:

@@ -141,6 +141,22 @@ def test_rights_per_action_and_topic(authd):
         assert r.status == 200 and b"delayd_" in r.read()
 
 
+def test_subscription_show_needs_consume_and_delete_needs_admin(authd):
+    d = authd
+    sub = "/v1/topics/orders.eu/subscriptions/sg"
+    assert d.request("PUT", sub, {}, headers=bearer(CONSUMER))[0] == 200
+    assert d.request("GET", sub, headers=bearer(CONSUMER))[0] == 200
+    assert err(d, "GET", sub, token=PRODUCER) == (403, "forbidden")
+    assert err(d, "GET", "/v1/topics/billing/subscriptions/sg", token=CONSUMER) == (403, "forbidden")
+    # Deleting drops every consumer's state of the group: admin only, not the consumer.
+    assert err(d, "DELETE", sub, token=CONSUMER) == (403, "forbidden")
+    assert err(d, "DELETE", sub, token=PRODUCER) == (403, "forbidden")
+    assert err(d, "DELETE", sub) == (401, "unauthorized")
+    assert d.request("DELETE", sub, headers=bearer(ADMIN)) == (
+        200, {"topic": "orders.eu", "group": "sg", "deleted": True})
+    assert err(d, "GET", sub, token=CONSUMER) == (404, "not_found")
+
+
 def test_tokens_never_reach_the_log(authd):
     d = authd
     # Exercise every path that could log a request: success, 401, 403, a bad body.
