@@ -44,7 +44,23 @@ DEAD = obj(["id", "attempt", "reason"], {**VIEW_PROPS, "produced_at": INT, "atte
 RECEIPT_LIST = {"type": "array", "items": STR, "maxItems": 10000}
 DURATION = {"type": "integer", "minimum": 0, "maximum": 12 * 3_600_000}
 LEASE = {"type": "integer", "minimum": 1000, "maximum": 12 * 3_600_000}
-SETTINGS = obj(["topic", "group", "start", "max_attempts"], {"topic": STR, "group": STR, "start": {"enum": ["earliest", "latest"]}, "max_attempts": INT})
+# Push subscriptions (docs/push.md): the PUT's `push` object, and what answers show of it (never the secret).
+PUSH_IN = {"type": "object", "nullable": True, "additionalProperties": False, "required": ["url"], "properties": {
+    "url": {"type": "string", "minLength": 1, "maxLength": 2048, "pattern": "^https?://[^\\s]+$"},
+    "timeout_ms": {"type": "integer", "minimum": 100, "maximum": 600_000},
+    "max_in_flight": {"type": "integer", "minimum": 1, "maximum": 1000},
+    "secret": {"type": "string", "nullable": True, "minLength": 16, "maxLength": 256},
+    "format": {"type": "string", "enum": ["json", "msgpack"]}}}
+PUSH_VIEW = obj(["url", "timeout_ms", "max_in_flight", "format", "secret_fingerprint"], {
+    "url": STR, "timeout_ms": INT, "max_in_flight": INT, "format": {"type": "string", "enum": ["json", "msgpack"]},
+    "secret_fingerprint": NULLABLE_STR})
+PUSHED = obj(VIEW_REQUIRED + ["group", "delivered_at", "attempt"],
+             {**VIEW_PROPS, "group": STR, "delivered_at": INT, "attempt": {"type": "integer", "minimum": 1}})
+PUSH_HEADERS = [("Delayd-Id", True), ("Delayd-Topic", True), ("Delayd-Group", True), ("Delayd-Deliver-At", True),
+                ("Delayd-Delivered-At", True), ("Delayd-Attempt", True), ("Delayd-Key", False),
+                ("Delayd-Tag", False), ("Delayd-Signature", False)]
+SETTINGS = obj(["topic", "group", "start", "max_attempts"], {
+    "topic": STR, "group": STR, "start": {"enum": ["earliest", "latest"]}, "max_attempts": INT, "push": PUSH_VIEW})
 STATS = obj(["scheduled", "produced_total", "delivered_total", "cancelled_total", "lateness_ms", "topics",
              "groups", "pipeline", "disk_bytes"], {
     "node_id": STR, "scheduled": INT, "produced_total": INT, "delivered_total": INT, "cancelled_total": INT,
@@ -82,6 +98,19 @@ def _op(summary: str, ok: dict[str, Any], body: dict[str, Any] | None = None,
     return op
 
 
+def push_callback() -> dict[str, Any]:
+    """The POST the daemon sends to a push subscription's URL (an OpenAPI 3.0 callback)."""
+    body = {"application/json": {"schema": PUSHED}, "application/msgpack": {"schema": PUSHED}}
+    return {"push": {"{$request.body#/push/url}": {"post": {
+        "summary": "A due message, pushed (signed when the subscription has a secret; see docs/push.md)",
+        "parameters": [{"name": n, "in": "header", "required": r, "schema": STR} for n, r in PUSH_HEADERS],
+        "requestBody": {"required": True, "content": body},
+        "responses": {"2XX": {"description": "Acknowledged: never delivered to this group again"},
+                      "default": {"description": "Anything else, a timeout or a connection error: redelivered "
+                                                 "after the group's backoff (Retry-After on 429/503), dead "
+                                                 "letter after max_attempts"}}}}}}
+
+
 def spec() -> dict[str, Any]:
     t, g = "/v1/topics/{topic}", "/v1/topics/{topic}/subscriptions/{group}"
     tg = _params("topic", "group")
@@ -105,16 +134,16 @@ def spec() -> dict[str, Any]:
                 "delete": _op("Cancel the pending message with this key", obj(["id", "state"], {
                     "id": STR, "state": STR}), None, _params("topic", "key"),
                     {"404": "Not found", "409": "Already delivered"})},
-            g: {"put": _op("Create or update a subscription group", SETTINGS, obj([], {
-                "start": {"type": "string", "enum": ["earliest", "latest"]},
-                "max_attempts": {"type": "integer", "minimum": 1, "maximum": 1000}}, closed=True), tg,
-                body_required=False)},
+            g: {"put": {**_op("Create or update a subscription group (pull, or push with `push`)", SETTINGS, obj(
+                [], {"start": {"type": "string", "enum": ["earliest", "latest"]},
+                     "max_attempts": {"type": "integer", "minimum": 1, "maximum": 1000}, "push": PUSH_IN},
+                closed=True), tg, body_required=False), "callbacks": push_callback()}},
             f"{g}/pull": {"post": _op(
                 "Lease due messages", obj(["messages"], {"messages": {"type": "array", "items": PULLED}}),
                 obj([], {"max": {"type": "integer", "minimum": 1, "maximum": 1000},
                          "wait_ms": {"type": "integer", "minimum": 0, "maximum": 30000}, "lease_ms": LEASE,
                          "tags": {"type": "array", "items": STR, "maxItems": 1000}}, closed=True), tg,
-                body_required=False)},
+                {"409": "The group is a push subscription"}, body_required=False)},
             f"{g}/ack": {"post": _op("Acknowledge", obj(["acked", "stale"], {"acked": INT, "stale": RECEIPT_LIST}),
                                      obj(["receipts"], {"receipts": RECEIPT_LIST}, closed=True), tg)},
             f"{g}/nack": {"post": _op(
