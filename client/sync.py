@@ -17,7 +17,7 @@ from collections.abc import Coroutine, Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from delayd.client.aio import DEFAULT_URL, AsyncClient, Receipts, Urls
+from delayd.client.aio import DEFAULT_URL, AsyncClient, Push, Receipts, Urls
 from delayd.client.codec import Body, Encoding, OutgoingMessage
 from delayd.client.http import RetryPolicy
 from delayd.client.models import (
@@ -166,8 +166,8 @@ class Client:
         return self._run(self.aio.get_key(topic, key))
 
     def subscribe(self, topic: str, group: str, start: str | None = None,
-                  max_attempts: int | None = None) -> Subscription:
-        return self._run(self.aio.subscribe(topic, group, start, max_attempts))
+                  max_attempts: int | None = None, push: Push = None) -> Subscription:
+        return self._run(self.aio.subscribe(topic, group, start, max_attempts, push))
 
     def pull(self, topic: str, group: str, max: int = 100, wait_ms: int | timedelta = 0,
              lease_ms: int | timedelta = 30_000, tags: Iterable[str] | None = None) -> list[ReceivedMessage]:
