@@ -135,6 +135,9 @@ class Groups:
         self.default_max_attempts = default_max_attempts
         self.groups: dict[str, Group] = {}
         self.changed: dict[str, asyncio.Event] = {}  # topic -> set when messages became available
+        # topic -> callbacks run by notify: push workers, which must not clear `changed` (a pull
+        # long-poll could miss its wake-up) and cannot miss one themselves
+        self.watchers: dict[str, set[Callable[[], None]]] = {}
         self._salt = secrets.token_hex(3)
         self._tokens = itertools.count(1)
 
@@ -223,6 +226,14 @@ class Groups:
         ev = self.changed.get(topic)
         if ev is not None:
             ev.set()
+        for wake in self.watchers.get(topic, ()):
+            wake()
+
+    def watch(self, topic: str, wake: Callable[[], None]) -> None:
+        self.watchers.setdefault(topic, set()).add(wake)
+
+    def unwatch(self, topic: str, wake: Callable[[], None]) -> None:
+        self.watchers.get(topic, set()).discard(wake)
 
     # -- pull -----------------------------------------------------------------------------------
     def _expire(self, g: Group, now: int) -> None:

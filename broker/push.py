@@ -28,7 +28,7 @@ import logging
 import re
 import string
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from enum import StrEnum
 from urllib.parse import quote
 
@@ -130,9 +130,10 @@ class Pusher:
     """Every push group's worker, the shared HTTP client and the total in-flight bound."""
 
     def __init__(self, groups: Groups, store: Store, clock: Clock, message_id: Callable[[int], str],
-                 max_in_flight: int, on_push: OnPush) -> None:
+                 durable: Callable[[], Awaitable[None]], max_in_flight: int, on_push: OnPush) -> None:
         self.groups, self.store, self.clock = groups, store, clock
         self.message_id = message_id
+        self.durable = durable  # the group commit: an ack is fsynced like one answered over the API
         self.max_in_flight = max_in_flight
         self.on_push = on_push
         self.in_flight = 0
@@ -194,7 +195,10 @@ class _Worker:
 
     def __init__(self, pusher: Pusher, group: Group) -> None:
         self.pusher, self.group = pusher, group
-        self.wake = asyncio.Event()  # a POST ended or a total slot freed
+        # Set by the group's topic (messages released, a nack, a redrive, new settings), by the
+        # end of one of its POSTs and by a freed total slot; cleared before each look, so no
+        # wake-up between the look and the wait is lost.
+        self.wake = asyncio.Event()
         self.posts: set[asyncio.Task[None]] = set()
         self.task = asyncio.create_task(self.run(), name=f"push:{group.key}")
         self.task.add_done_callback(self._ended)
@@ -205,6 +209,7 @@ class _Worker:
 
     async def run(self) -> None:
         p, g = self.pusher, self.group
+        p.groups.watch(g.topic, self.wake.set)
         try:
             while p.taking:
                 self.wake.clear()
@@ -214,7 +219,7 @@ class _Worker:
                         p.workers.pop(g.key, None)
                         p.sync()  # the group may have been deleted and made again, as push, meanwhile
                         return
-                    await self._wait(None, IDLE_RECHECK_S)
+                    await self._wait(IDLE_RECHECK_S)
                     continue
                 timeout = IDLE_RECHECK_S
                 room = min(push.max_in_flight - len(self.posts), p.room())
@@ -233,23 +238,18 @@ class _Worker:
                         timeout = min(timeout, max(0.001, (wake - p.clock.now_ms()) / 1000))
                 elif p.room() <= 0:
                     p.blocked.add(self)
-                ev = p.groups.event(g.topic)
-                ev.clear()
-                await self._wait(ev, timeout)
+                await self._wait(timeout)
         finally:
+            p.groups.unwatch(g.topic, self.wake.set)
             p.blocked.discard(self)
             if p.workers.get(g.key) is self:
                 del p.workers[g.key]
 
-    async def _wait(self, topic_event: asyncio.Event | None, timeout_s: float) -> None:
-        waits = [asyncio.ensure_future(self.wake.wait())]
-        if topic_event is not None:
-            waits.append(asyncio.ensure_future(topic_event.wait()))
+    async def _wait(self, timeout_s: float) -> None:
         try:
-            await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for w in waits:
-                w.cancel()
+            await asyncio.wait_for(self.wake.wait(), timeout_s)
+        except TimeoutError:
+            pass
 
     def _post(self, push: PushConfig, d: Delivery) -> None:
         p = self.pusher
@@ -298,7 +298,8 @@ class _Worker:
         p.on_push(g.topic, g.name, outcome, time.monotonic() - t0)
         try:
             if outcome is PushOutcome.OK:
-                p.groups.ack(g, [receipt])
+                if p.groups.ack(g, [receipt])[0]:
+                    await p.durable()  # so a crash now does not deliver it again
                 return
             delay = retry_after_ms(retry_after, p.clock.now_ms()) if status in RETRY_AFTER_STATUSES else None
             reason = f"push_http_{status}" if status is not None else f"push_{outcome.value}"
@@ -306,7 +307,7 @@ class _Worker:
             if d.unit.index in g.dead:
                 log.warning("push %s: message %s dead-lettered after %d attempts (%s)", g.key, mid, d.attempt,
                             reason)
-        except StorageError as e:
-            # The settle could not be logged: the lease runs out and the message comes again.
+        except (StorageError, OSError) as e:
+            # The settle could not be logged or synced: the message may come again (at-least-once).
             log.error("push %s: cannot settle message %s: %s", g.key, mid, e)
 

@@ -90,8 +90,8 @@ class Broker:
         self._tasks = [asyncio.create_task(self.committer.run(), name="group_commit"),
                        asyncio.create_task(self._checkpoint_loop(), name="checkpoint")]
         # Push workers start once recovery is done: they lease like any consumer.
-        self.pusher = Pusher(self.groups, store, self.clock, self.message_id, self.cfg.push_max_in_flight,
-                             self._on_push)
+        self.pusher = Pusher(self.groups, store, self.clock, self.message_id, self.committer.durable,
+                             self.cfg.push_max_in_flight, self._on_push)
         self.pusher.start()
         self.recovery_seconds = time.monotonic() - t0
         self.ready = True

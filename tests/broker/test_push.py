@@ -114,3 +114,23 @@ def test_retry_after_seconds_dates_and_nonsense() -> None:
     at = datetime.fromtimestamp(now / 1000, UTC) + timedelta(seconds=90)
     assert retry_after_ms(format_datetime(at, usegmt=True), now) == 90_000
     assert retry_after_ms(format_datetime(at - timedelta(hours=1), usegmt=True), now) == 0
+
+
+def test_notify_runs_the_watchers_of_its_topic_only(tmp_path) -> None:
+    store = Store(tmp_path, StoreConfig(), clock_ms=lambda: 0)
+    store.recover()
+    try:
+        groups = Groups(store, lambda: 0, lambda *a: None, default_max_attempts=3)
+        calls: list[str] = []
+        def wake() -> None:
+            calls.append("t")
+        groups.watch("t", wake)
+        groups.notify("t")
+        groups.notify("other")
+        assert calls == ["t"]
+        groups.unwatch("t", wake)
+        groups.notify("t")
+        assert calls == ["t"], "an unwatched callback is not run"
+        assert not groups.changed, "watching creates no pull event to clear"
+    finally:
+        store.close()
