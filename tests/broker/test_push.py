@@ -134,3 +134,12 @@ def test_notify_runs_the_watchers_of_its_topic_only(tmp_path) -> None:
         assert not groups.changed, "watching creates no pull event to clear"
     finally:
         store.close()
+
+
+def test_push_max_in_flight_config_is_bounded() -> None:
+    from delayd.broker import config
+    assert config.load(env={"DELAYD_PUSH_MAX_IN_FLIGHT": "3"}).push_max_in_flight == 3
+    assert config.load(env={}).push_max_in_flight == 256
+    for bad in ("0", "10001"):
+        with pytest.raises(config.ConfigError, match="push_max_in_flight"):
+            config.load(env={"DELAYD_PUSH_MAX_IN_FLIGHT": bad})
