@@ -211,8 +211,9 @@ class Groups:
         """Make the group push (or pull again, with None); False when nothing changed."""
         if push == g.push:
             return False
-        g.push = push
+        # Logged first: a write that fails (disk full) leaves the group as it was.
         self.log_event(g.topic, g.name, {"op": "push", "push": None if push is None else push.to_record()})
+        g.push = push
         self.notify(g.topic)  # a waiting pusher re-reads the settings
         return True
 

@@ -176,8 +176,7 @@ class Pusher:
         if self.session is not None:
             await self.session.close()
         if cut:
-            log.info("push: %d POSTs in flight cut by the shutdown; their messages come again after the restart",
-                     cut)
+            log.info("push: %d POSTs in flight cut by the shutdown; the unacked come again after the restart", cut)
         return cut
 
     def room(self) -> int:
