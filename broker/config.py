@@ -71,6 +71,7 @@ class Config:
     release_capacity: int = 50_000
     # consumers
     default_max_attempts: int = 16
+    push_max_in_flight: int = 256  # POSTs in flight over all push subscriptions (HTTP connections)
     # security
     tokens: tuple[Token, ...] = field(default=())
     tls_cert: str | None = None
@@ -110,6 +111,8 @@ class Config:
             raise ConfigError(f"listen port {port} out of range")
         if not self.node_id or not all(c.isalnum() for c in self.node_id):
             raise ConfigError("node_id must be non-empty and alphanumeric")
+        if not 1 <= self.push_max_in_flight <= 10_000:
+            raise ConfigError("push_max_in_flight must be within 1..10000")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ConfigError("tls_cert and tls_key go together")
         for t in self.tokens:

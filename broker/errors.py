@@ -35,6 +35,7 @@ InvalidJson = _error("InvalidJson", 400, "invalid_body", "The body does not deco
 InvalidName = _error("InvalidName", 400, "invalid_name", "A topic or group name breaks the naming rule.")
 InvalidMessage = _error("InvalidMessage", 400, "invalid_message", "A message object is invalid.")
 InvalidParameter = _error("InvalidParameter", 400, "invalid_parameter", "A request field is out of range.")
+InvalidPush = _error("InvalidPush", 400, "invalid_push", "A push subscription setting is invalid.")
 DelayTooLong = _error("DelayTooLong", 400, "delay_too_long", "The due time is beyond the maximum horizon.")
 Unauthorized = _error("Unauthorized", 401, "unauthorized", "Missing or wrong bearer token.")
 Forbidden = _error("Forbidden", 403, "forbidden", "The token may not do this on this topic.")
@@ -43,6 +44,8 @@ MethodNotAllowed = _error("MethodNotAllowed", 405, "method_not_allowed", "The pa
 RequestTimeout = _error("RequestTimeout", 408, "request_timeout",
                        "The client did not send the whole request in time.")
 AlreadyDelivered = _error("AlreadyDelivered", 409, "already_delivered", "The message was (or is being) delivered.")
+PushSubscription = _error("PushSubscription", 409, "push_subscription",
+                          "The group is a push subscription: the daemon delivers, nobody pulls.")
 TooLarge = _error("TooLarge", 413, "too_large", "The body or a message exceeds a configured limit.")
 UnsupportedMediaType = _error("UnsupportedMediaType", 415, "unsupported_media_type",
                               "Content-Type must be application/json or application/msgpack.")

@@ -8,7 +8,8 @@ Each group keeps, over the topic's ready-queue indexes:
     leases   index -> Lease (receipt token, deadline, attempt) for messages out with consumers
     retry    heap of (available_at_ms, index): nacked or lease-expired, waiting for redelivery
 
-Durable state is what a restart must keep: floor, done and dead letters (plus settings).
+Durable state is what a restart must keep: floor, done and dead letters (plus settings, push
+settings among them: a push group is served by broker.push through the same take/ack/nack).
 Every change of it is appended to the commit log as a GROUP record (so it rides the same
 group commit as produce) and snapshotted in the checkpoint; recovery replays the records
 after the checkpoint. Leases and attempt counts are not durable: after a restart every
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
+from delayd.broker.pushconfig import PushConfig
 from delayd.storage.readyqueue import ReadyUnit, tag_hash
 from delayd.storage.store import Store
 
@@ -66,6 +68,7 @@ class Group:
     attempts: dict[int, int] = field(default_factory=dict)
     dead: dict[int, Dead] = field(default_factory=dict)
     revived: set[int] = field(default_factory=set)  # redriven indexes below the floor
+    push: PushConfig | None = None  # None: a pull subscription
     acked_total: int = 0
     nacked_total: int = 0
     dead_total: int = 0
@@ -76,12 +79,18 @@ class Group:
         return f"{self.topic}/{self.name}"
 
     def settings(self) -> dict[str, Any]:
-        return {"topic": self.topic, "group": self.name, "start": self.start, "max_attempts": self.max_attempts}
+        out = {"topic": self.topic, "group": self.name, "start": self.start, "max_attempts": self.max_attempts}
+        if self.push is not None:
+            out["push"] = self.push.view()
+        return out
 
     def snapshot(self) -> dict[str, Any]:
-        return {"max_attempts": self.max_attempts, "start": self.start, "floor": self.floor, "done": sorted(self.done),
+        snap = {"max_attempts": self.max_attempts, "start": self.start, "floor": self.floor, "done": sorted(self.done),
                 "dead": {i: [d.seq, d.attempt, d.reason] for i, d in self.dead.items()},
                 "revived": sorted(self.revived)}
+        if self.push is not None:
+            snap["push"] = self.push.to_record()
+        return snap
 
     def live(self, index: int) -> bool:
         """Not yet acked or dead-lettered."""
@@ -127,6 +136,9 @@ class Groups:
         self.default_max_attempts = default_max_attempts
         self.groups: dict[str, Group] = {}
         self.changed: dict[str, asyncio.Event] = {}  # topic -> set when messages became available
+        # topic -> callbacks run by notify: push workers, which must not clear `changed` (a pull
+        # long-poll could miss its wake-up) and cannot miss one themselves
+        self.watchers: dict[str, set[Callable[[], None]]] = {}
         self._salt = secrets.token_hex(3)
         self._tokens = itertools.count(1)
 
@@ -138,6 +150,7 @@ class Groups:
                       set(s["done"]))
             g.dead = {int(i): Dead(*d) for i, d in s.get("dead", {}).items()}
             g.revived = set(s.get("revived", ()))
+            g.push = PushConfig.from_record(s["push"]) if s.get("push") else None
             self.groups[key] = g
         for topic, name, ev in events:
             self.apply(topic, name, ev)
@@ -174,6 +187,8 @@ class Groups:
             for i in ev["idx"]:
                 if i in g.dead:
                     g.revive(i)
+        elif op == "push":
+            g.push = PushConfig.from_record(ev["push"]) if ev.get("push") else None
 
     def snapshot(self) -> dict[str, Any]:
         return {k: g.snapshot() for k, g in self.groups.items()}
@@ -209,6 +224,16 @@ class Groups:
         self.notify(topic)  # long-polls of the deleted group end now
         return True
 
+    def set_push(self, g: Group, push: PushConfig | None) -> bool:
+        """Make the group push (or pull again, with None); False when nothing changed."""
+        if push == g.push:
+            return False
+        # Logged first: a write that fails (disk full) leaves the group as it was.
+        self.log_event(g.topic, g.name, {"op": "push", "push": None if push is None else push.to_record()})
+        g.push = push
+        self.notify(g.topic)  # a waiting pusher re-reads the settings
+        return True
+
     def event(self, topic: str) -> asyncio.Event:
         ev = self.changed.get(topic)
         if ev is None:
@@ -219,6 +244,14 @@ class Groups:
         ev = self.changed.get(topic)
         if ev is not None:
             ev.set()
+        for wake in self.watchers.get(topic, ()):
+            wake()
+
+    def watch(self, topic: str, wake: Callable[[], None]) -> None:
+        self.watchers.setdefault(topic, set()).add(wake)
+
+    def unwatch(self, topic: str, wake: Callable[[], None]) -> None:
+        self.watchers.get(topic, set()).discard(wake)
 
     # -- pull -----------------------------------------------------------------------------------
     def _expire(self, g: Group, now: int) -> None:
@@ -340,7 +373,8 @@ class Groups:
             self.log_event(g.topic, g.name, {"op": "ack", "idx": acked})
         return len(acked), stale
 
-    def nack(self, g: Group, receipts: list[str], delay_ms: int | None) -> tuple[int, list[str]]:
+    def nack(self, g: Group, receipts: list[str], delay_ms: int | None,
+             reason: str = "nacked") -> tuple[int, list[str]]:
         now = self.now_ms()
         n, stale, dead_items = 0, [], []
         for r in receipts:
@@ -352,8 +386,8 @@ class Groups:
             n += 1
             if lease.attempt >= g.max_attempts:
                 seq = self.store.queue(g.topic).read(i, 1)[0].seq
-                g.dead[i] = Dead(seq, lease.attempt, "nacked")
-                dead_items.append([i, seq, lease.attempt, "nacked"])
+                g.dead[i] = Dead(seq, lease.attempt, reason)
+                dead_items.append([i, seq, lease.attempt, reason])
                 g.mark_done(i)
                 continue
             wait = backoff_ms(lease.attempt) if delay_ms is None else delay_ms

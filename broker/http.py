@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from aiohttp import web
-from delayd.broker import codec, errors
+from delayd.broker import codec, errors, pushconfig
 from delayd.broker.config import Config, Token
 from delayd.broker.openapi import spec
 from delayd.broker.service import Broker
@@ -238,12 +238,14 @@ async def get_key(request: web.Request) -> web.Response:
 async def subscribe(request: web.Request) -> web.Response:
     topic, name = topic_of(request), group_of(request)
     authorize(request, "consume", topic)
-    body = codec.only(codec.obj(await read_body(request)), {"start", "max_attempts"})
+    body = codec.only(codec.obj(await read_body(request)), {"start", "max_attempts", "push"})
     start = body.get("start", "earliest")
     if start not in ("earliest", "latest"):
         raise errors.InvalidParameter("start must be 'earliest' or 'latest'")
     max_attempts = codec.int_field(body, "max_attempts", None, 1, 1000)
-    g = request.app[BROKER].group(topic, name, start, max_attempts)
+    # No `push` field keeps the group as it is; null makes it pull again.
+    push = pushconfig.parse(body["push"]) if "push" in body else ...
+    g = await request.app[BROKER].subscribe(topic, name, start, max_attempts, push)
     return reply(request, g.settings())
 
 

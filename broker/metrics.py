@@ -23,6 +23,7 @@ LATENESS_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.
 HTTP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 FSYNC_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
 UNMATCHED_ROUTE = "unmatched"  # 404s are labelled by this, never by the raw path (cardinality)
+PUSH_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 600)
 
 
 class Metrics:
@@ -39,6 +40,12 @@ class Metrics:
         self.fsync = Histogram("delayd_commitlog_fsync_duration_seconds",
                                "Duration of each group-commit fsync of the commit log",
                                buckets=FSYNC_BUCKETS, registry=self.registry)
+        self.pushes = Counter("delayd_push_requests", "Push POSTs by subscription and outcome "
+                              "(ok, http_error, timeout, connection_error)", ["topic", "group", "outcome"],
+                              registry=self.registry)
+        self.push_latency = Histogram("delayd_push_duration_seconds", "Time from sending a push POST to its "
+                                      "answer (or timeout)", ["topic", "group"], buckets=PUSH_BUCKETS,
+                                      registry=self.registry)
         self.registry.register(_Live(broker))
         broker.listeners.append(self)
         broker.fsync_listeners.append(self.fsync.observe)
@@ -53,6 +60,10 @@ class Metrics:
             per_topic[d.topic] = per_topic.get(d.topic, 0) + 1
         for t, n in per_topic.items():
             self.delivered.labels(t).inc(n)
+
+    def on_push(self, topic: str, group: str, outcome: str, seconds: float) -> None:
+        self.pushes.labels(topic, group, outcome).inc()
+        self.push_latency.labels(topic, group).observe(seconds)
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

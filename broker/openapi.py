@@ -84,10 +84,23 @@ SCHEMAS: dict[str, Any] = {
                         "state": {"type": "string", "enum": ["scheduled", "delivered", "cancelled"]}},
                        (*VIEW_REQUIRED, "produced_at", "state")),
     "SubscriptionSettings": obj({"start": {"type": "string", "enum": ["earliest", "latest"]},
-                                 "max_attempts": {"type": "integer", "minimum": 1, "maximum": 1000}},
+                                 "max_attempts": {"type": "integer", "minimum": 1, "maximum": 1000},
+                                 "push": ref("PushIn")},
                                 closed=True),
+    # Push subscriptions (docs/push.md): the PUT's `push` object, and what answers show of it (never the secret).
+    "PushIn": {**obj({
+        "url": {"type": "string", "minLength": 1, "maxLength": 2048, "pattern": "^https?://[^\\s]+$"},
+        "timeout_ms": {"type": "integer", "minimum": 100, "maximum": 600_000},
+        "max_in_flight": {"type": "integer", "minimum": 1, "maximum": 1000},
+        "secret": {"type": "string", "nullable": True, "minLength": 16, "maxLength": 256},
+        "format": {"type": "string", "enum": ["json", "msgpack"]}}, ("url",), closed=True), "nullable": True},
+    "PushView": obj({"url": STR, "timeout_ms": INT, "max_in_flight": INT,
+                     "format": {"type": "string", "enum": ["json", "msgpack"]}, "secret_fingerprint": NULLABLE_STR},
+                    ("url", "timeout_ms", "max_in_flight", "format", "secret_fingerprint")),
+    "Pushed": obj({**VIEW_PROPS, "group": STR, "delivered_at": EPOCH_MS, "attempt": {"type": "integer", "minimum": 1}},
+                  (*VIEW_REQUIRED, "group", "delivered_at", "attempt")),
     "Subscription": obj({"topic": STR, "group": STR, "start": {"type": "string", "enum": ["earliest", "latest"]},
-                         "max_attempts": {"type": "integer", "minimum": 1}},
+                         "max_attempts": {"type": "integer", "minimum": 1}, "push": ref("PushView")},
                         ("topic", "group", "start", "max_attempts")),
     "SubscriptionStatus": {"allOf": [ref("Subscription"), obj(
         {"backlog": COUNT, "inflight": COUNT, "dead": COUNT, "oldest_unacked_age_ms": COUNT},
@@ -137,7 +150,7 @@ ERRORS = {
     "404": "No such message, key or subscription",
     "405": "Method not allowed on this path",
     "408": "The request body did not arrive in time",
-    "409": "Already delivered: too late to cancel",
+    "409": "Already delivered: too late to cancel (a pull on a push subscription: push_subscription)",
     "413": "Request or body too large",
     "415": "Content-Type is neither application/json nor application/msgpack",
     "429": "Backpressure: indexing is behind; retry after Retry-After seconds",
@@ -186,6 +199,23 @@ def op(operation_id: str, summary: str, ok: str, errors: tuple[str, ...], *, pat
     return out
 
 
+PUSH_HEADERS = [("Delayd-Id", True), ("Delayd-Topic", True), ("Delayd-Group", True), ("Delayd-Deliver-At", True),
+                ("Delayd-Delivered-At", True), ("Delayd-Attempt", True), ("Delayd-Key", False),
+                ("Delayd-Tag", False), ("Delayd-Signature", False)]
+
+
+def push_callback() -> dict[str, Any]:
+    """The POST the daemon sends to a push subscription's URL (an OpenAPI 3.0 callback)."""
+    return {"push": {"{$request.body#/push/url}": {"post": {
+        "summary": "A due message, pushed (signed when the subscription has a secret; see docs/push.md)",
+        "parameters": [{"name": n, "in": "header", "required": r, "schema": STR} for n, r in PUSH_HEADERS],
+        "requestBody": {"required": True, "content": content(ref("Pushed"))},
+        "responses": {"2XX": {"description": "Acknowledged: never delivered to this group again"},
+                      "default": {"description": "Anything else, a timeout or a connection error: redelivered "
+                                                 "after the group's backoff (Retry-After on 429/503), dead "
+                                                 "letter after max_attempts"}}}}}}
+
+
 def plain(operation_id: str, summary: str, responses: dict[str, Any]) -> dict[str, Any]:
     """The unversioned endpoints (health, readiness, this document): no token needed."""
     return {"operationId": operation_id, "summary": summary, "security": [], "responses": responses}
@@ -214,14 +244,15 @@ def spec() -> dict[str, Any]:
                 "delete": op("cancelMessageByKey", "Cancel the pending message with this key", "Cancelled",
                              ("404", "409", "507"), path=("topic", "key"))},
             g: {
-                "put": op("putSubscription", "Create or update a subscription group", "Subscription", ("507",),
-                          path=tg, body="SubscriptionSettings", body_required=False),
+                "put": {**op("putSubscription", "Create or update a subscription group (pull, or push with `push`)",
+                             "Subscription", ("507",), path=tg, body="SubscriptionSettings", body_required=False),
+                        "callbacks": push_callback()},
                 "get": op("getSubscription", "A subscription's settings and counts (does not create it)",
                           "SubscriptionStatus", ("404",), path=tg),
                 "delete": op("deleteSubscription", "Delete a subscription group and its state (404 if none)",
                              "SubscriptionDeleted", ("404", "507"), path=tg)},
-            f"{g}/pull": {"post": op("pull", "Lease due messages", "Pulled", ("507",), path=tg,
-                                     body="PullRequest", body_required=False)},
+            f"{g}/pull": {"post": op("pull", "Lease due messages (409 push_subscription on a push group)", "Pulled",
+                                     ("409", "507"), path=tg, body="PullRequest", body_required=False)},
             f"{g}/ack": {"post": op("ack", "Acknowledge", "Acked", ("507",), path=tg, body="AckRequest")},
             f"{g}/nack": {"post": op("nack", "Redeliver after delay_ms (default: exponential backoff)",
                                      "Nacked", ("507",), path=tg, body="NackRequest")},

@@ -15,6 +15,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import EllipsisType
 from typing import Any
 
 from delayd.broker import errors
@@ -22,6 +23,8 @@ from delayd.broker.clock import Clock
 from delayd.broker.config import Config
 from delayd.broker.groups import Delivery, Group, Groups, decode_event, encode_event
 from delayd.broker.pipeline import GroupCommit, Pipeline
+from delayd.broker.push import Pusher, PushOutcome
+from delayd.broker.pushconfig import PushConfig
 from delayd.storage.commitlog import Record
 from delayd.storage.errors import StorageError
 from delayd.storage.msgtable import MessageState
@@ -54,8 +57,10 @@ class Broker:
         self.recovery_seconds = 0.0
         self.recovery_line = ""
         self.lateness: deque[int] = deque(maxlen=10_000)
-        self.listeners: list[Any] = []  # metrics hooks: objects with on_release(dues, now)
+        # metrics hooks: objects with on_release(dues, now) and on_push(topic, group, outcome, seconds)
+        self.listeners: list[Any] = []
         self.fsync_listeners: list[Callable[[float], None]] = []  # each commit-log fsync's seconds
+        self.pusher: Pusher | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stopped = False
         self._stopping = False
@@ -86,6 +91,10 @@ class Broker:
         self.pipeline.start()
         self._tasks = [asyncio.create_task(self.committer.run(), name="group_commit"),
                        asyncio.create_task(self._checkpoint_loop(), name="checkpoint")]
+        # Push workers start once recovery is done: they lease like any consumer.
+        self.pusher = Pusher(self.groups, store, self.clock, self.message_id, self.committer.durable,
+                             self.cfg.push_max_in_flight, self._on_push)
+        self.pusher.start()
         self.recovery_seconds = time.monotonic() - t0
         self.ready = True
 
@@ -93,6 +102,8 @@ class Broker:
         """Shutdown began: pending long-polls answer now (with what they have) instead of
         holding the shutdown until their wait ends."""
         self._stopping = True
+        if self.pusher is not None:
+            self.pusher.stop_taking()
         if self.groups is not None:
             for ev in self.groups.changed.values():
                 ev.set()
@@ -103,6 +114,8 @@ class Broker:
             return {}
         self._stopped = True
         self.ready = False
+        if self.pusher is not None:
+            await self.pusher.stop()
         if self.pipeline is not None:
             await self.pipeline.stop()
         for t in self._tasks:
@@ -294,6 +307,19 @@ class Broker:
         assert self.groups is not None
         return self.groups.get_or_create(topic, name, start, max_attempts)
 
+    async def subscribe(self, topic: str, name: str, start: str = "earliest", max_attempts: int | None = None,
+                        push: PushConfig | None | EllipsisType = ...) -> Group:
+        """Create or update a group; `push` makes it push (a PushConfig), pull (None), or is left
+        as it is (...). Answered once the settings are durable: a push URL answered 200 is still
+        pushed to after a crash."""
+        g = self.group(topic, name, start, max_attempts)
+        assert self.groups is not None and self.pusher is not None
+        if push is not ...:
+            self.groups.set_push(g, push)
+            self.pusher.sync()
+        await self._durable()
+        return g
+
     async def pull(self, topic: str, name: str, max_n: int, wait_ms: int, lease_ms: int,
                    tags: list[str] | None, gone: Callable[[], bool] = lambda: False,
                    ) -> list[tuple[Delivery, Record]]:
@@ -303,6 +329,9 @@ class Broker:
         assert self.groups is not None
         deadline = self.clock.monotonic() + wait_ms / 1000
         while True:
+            if g.push is not None:  # also when it became push during a long-poll
+                raise errors.PushSubscription(f"group {name!r} of topic {topic!r} is a push subscription; "
+                                              "PUT it with \"push\": null to pull from it")
             if gone() or g.deleted:
                 return []
             got = self.groups.take(g, max_n, lease_ms, tags)
@@ -412,6 +441,10 @@ class Broker:
     def _on_fsync(self, seconds: float) -> None:
         for listener in self.fsync_listeners:
             listener(seconds)
+
+    def _on_push(self, topic: str, group: str, outcome: PushOutcome, seconds: float) -> None:
+        for listener in self.listeners:
+            listener.on_push(topic, group, outcome, seconds)
 
     # ---------------------------------------------------------------------------------- observe
     def lateness_summary(self) -> dict[str, int]:

@@ -32,6 +32,7 @@ from delayd.client.models import (
     Message,
     NackResult,
     NodeInfo,
+    PushSettings,
     ReceivedMessage,
     RedriveResult,
     ScheduleBucket,
@@ -48,6 +49,7 @@ MAX_BATCH = 10_000  # the API's limit for one produce request
 
 Urls = str | Sequence[str] | Mapping[str, str]
 Receipts = str | ReceivedMessage | Iterable[str | ReceivedMessage]
+Push = PushSettings | Mapping[str, Any] | bool | None  # subscribe(push=...): False = back to pull
 
 
 def normalize_urls(url: Urls) -> tuple[list[str], dict[str, str]]:
@@ -301,13 +303,24 @@ class AsyncClient:
         return path("topics", topic, "subscriptions", group, *rest)
 
     async def subscribe(self, topic: str, group: str, start: str | None = None,
-                        max_attempts: int | None = None) -> Subscription:
-        """Create or update a subscription group; `start` is "earliest" or "latest"."""
+                        max_attempts: int | None = None, push: Push = None) -> Subscription:
+        """Create or update a subscription group; `start` is "earliest" or "latest".
+
+        `push` makes it a push subscription (a PushSettings, or a mapping of its fields), `False`
+        turns it back into pull, None (the default) leaves it as it is."""
         body: dict[str, Any] = {}
         if start is not None:
             body["start"] = start
         if max_attempts is not None:
             body["max_attempts"] = int(max_attempts)
+        if push is False:
+            body["push"] = None
+        elif isinstance(push, PushSettings):
+            body["push"] = push.to_wire()
+        elif isinstance(push, Mapping):
+            body["push"] = dict(push)
+        elif push is not None:
+            raise TypeError("push must be a PushSettings, a mapping, False (back to pull) or None (unchanged)")
         answers = await self._everywhere("PUT", self._sub_path(topic, group), body=body)
         return Subscription.from_wire(topic, group, answers[0] if isinstance(answers[0], Mapping) else None)
 

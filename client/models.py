@@ -147,21 +147,51 @@ class CancelResult:
 
 
 @dataclass(frozen=True)
+class PushSettings:
+    """A push subscription: the daemon POSTs each due message to `url` (docs/push.md).
+
+    Unset fields take the daemon's defaults (timeout 30 s, 10 in flight, JSON, unsigned). Answers
+    never carry the secret, only `secret_fingerprint`."""
+
+    url: str
+    timeout_ms: int | None = None
+    max_in_flight: int | None = None
+    secret: str | None = None
+    format: str | None = None  # "json" or "msgpack": the encoding of the POSTed message
+    secret_fingerprint: str | None = None  # in answers only
+
+    def to_wire(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"url": self.url}
+        for name in ("timeout_ms", "max_in_flight", "secret", "format"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        return out
+
+    @classmethod
+    def from_wire(cls, obj: Mapping[str, Any]) -> PushSettings:
+        return cls(str(_req(obj, "url")), obj.get("timeout_ms"), obj.get("max_in_flight"), None, obj.get("format"),
+                   obj.get("secret_fingerprint"))
+
+
+@dataclass(frozen=True)
 class Subscription:
     topic: str
     group: str
     start: str | None = None
     max_attempts: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    push: PushSettings | None = None  # None: a pull subscription
 
     @classmethod
     def from_wire(cls, topic: str, group: str, obj: Mapping[str, Any] | None) -> Subscription:
         obj = dict(obj or {})
         start = obj.pop("start", None)
         max_attempts = obj.pop("max_attempts", None)
+        push = obj.pop("push", None)
         obj.pop("topic", None)
         obj.pop("group", None)
-        return cls(topic, group, start, None if max_attempts is None else int(max_attempts), obj)
+        return cls(topic, group, start, None if max_attempts is None else int(max_attempts), obj,
+                   PushSettings.from_wire(push) if isinstance(push, Mapping) else None)
 
 
 @dataclass(frozen=True)

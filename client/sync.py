@@ -17,7 +17,7 @@ from collections.abc import Coroutine, Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from delayd.client.aio import DEFAULT_URL, AsyncClient, Receipts, Urls
+from delayd.client.aio import DEFAULT_URL, AsyncClient, Push, Receipts, Urls
 from delayd.client.codec import Body, Encoding, OutgoingMessage
 from delayd.client.http import RetryPolicy, TlsOption
 from delayd.client.models import (
@@ -185,9 +185,10 @@ class Client:
         return self._run(self.aio.get_key(topic, key))
 
     def subscribe(self, topic: str, group: str, start: str | None = None,
-                  max_attempts: int | None = None) -> Subscription:
-        """Create or update a subscription group; `start` is "earliest" or "latest"."""
-        return self._run(self.aio.subscribe(topic, group, start, max_attempts))
+                  max_attempts: int | None = None, push: Push = None) -> Subscription:
+        """Create or update a subscription group; `start` is "earliest" or "latest"; `push` makes it a
+        push subscription (PushSettings or a dict), False turns it back into pull (docs/push.md)."""
+        return self._run(self.aio.subscribe(topic, group, start, max_attempts, push))
 
     def get_subscription(self, topic: str, group: str) -> SubscriptionStatus:
         """A group's settings and counts; `NotFound` if it does not exist (looking never creates it)."""
