@@ -31,6 +31,7 @@ from delayd.storage.store import Store
 
 BACKOFF_BASE_MS = 1000
 BACKOFF_MAX_MS = 600_000
+OLDEST_SCAN = 10_000  # acked/dead indexes stepped over to find a group's oldest unacked message
 
 
 def backoff_ms(attempt: int) -> int:
@@ -396,7 +397,22 @@ class Groups:
         expired = sum(1 for lease in g.leases.values() if lease.deadline_ms <= now)
         inflight = len(g.leases) - expired
         return {"backlog": max(0, q.end - g.cursor) + waiting + expired, "inflight": inflight,
-                "dead": len(g.dead)}
+                "dead": len(g.dead), "oldest_age_ms": self.oldest_age_ms(g, now)}
+
+    def oldest_age_ms(self, g: Group, now: int) -> int:
+        """How long ago the oldest message this group has not acked (waiting, leased or waiting
+        for a retry; not dead) became due: SQS's ApproximateAgeOfOldestMessage. 0 when none."""
+        q = self.store.queue(g.topic)
+        i, steps = g.floor, 0
+        while i < q.end and not g.live(i) and steps < OLDEST_SCAN:  # dead letters at the floor
+            i, steps = i + 1, steps + 1
+        first = [i] if i < q.end and g.live(i) else []
+        oldest = 0
+        for index in first + sorted(g.revived)[:1]:  # a redriven message below the floor is older
+            units = q.read(index, 1)
+            if units:
+                oldest = max(oldest, now - units[0].released_at)
+        return oldest
 
 
 def encode_event(ev: dict[str, Any]) -> bytes:

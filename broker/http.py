@@ -355,4 +355,6 @@ def make_app(broker: Broker, config: Config, metrics_obj: Any) -> web.Applicatio
         web.get("/readyz", readyz),
         web.get("/openapi.json", openapi, allow_head=False),
     ])
+    from delayd.broker import listing  # it builds on this module's helpers
+    app.add_routes(listing.routes())
     return app

@@ -49,12 +49,25 @@ STATS = obj(["scheduled", "produced_total", "delivered_total", "cancelled_total"
              "groups", "pipeline", "disk_bytes"], {
     "node_id": STR, "scheduled": INT, "produced_total": INT, "delivered_total": INT, "cancelled_total": INT,
     "rolled_total": INT, "lateness_ms": obj(["p50", "p99", "max"], {"p50": INT, "p99": INT, "max": INT}),
-    "topics": count_map("scheduled", "delivered_total"), "groups": count_map("backlog", "inflight", "dead"),
+    "topics": count_map("scheduled", "delivered_total"),
+    "groups": {"type": "object", "additionalProperties": obj(["backlog", "inflight", "dead"], {
+        "backlog": INT, "inflight": INT, "dead": INT, "oldest_age_ms": INT})},  # oldest_age_ms: addition
     "pipeline": {"type": "object", "additionalProperties": INT}, "disk_bytes": INT,
     "recovery_seconds": {"type": "number"}, "wall_clock_skew_ms": INT})
 SCHEDULE = obj(["buckets"], {"buckets": {"type": "array", "maxItems": 10000, "items": {
     "type": "array", "items": INT, "minItems": 2, "maxItems": 2}}})
 STATUS = obj(["status"], {"status": STR})
+# (addition) GET /v1/topics/{topic}/messages and GET /v1/messages: pending messages in due order.
+LISTED = obj(VIEW_REQUIRED + ["produced_at", "body_size"], {**VIEW_PROPS, "produced_at": INT, "body_size": INT})
+LISTING = obj(["messages", "next_cursor"], {"messages": {"type": "array", "maxItems": 1000, "items": LISTED},
+                                            "next_cursor": NULLABLE_STR})
+LIST_QUERY = [
+    {"name": "from", "in": "query", "schema": {"type": "integer", "minimum": 0}},
+    {"name": "to", "in": "query", "schema": {"type": "integer", "minimum": 0}},
+    {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 1000}},
+    {"name": "cursor", "in": "query", "schema": STR},
+    {"name": "body", "in": "query", "schema": BOOL},
+]
 
 
 def _params(*names: str) -> list[dict[str, Any]]:
@@ -93,7 +106,11 @@ def spec() -> dict[str, Any]:
                 "Schedule one message or a batch", PRODUCED,
                 {"oneOf": [MESSAGE_IN, obj(["messages"], {"messages": {
                     "type": "array", "minItems": 1, "maxItems": 10000, "items": MESSAGE_IN}}, closed=True)]},
-                _params("topic"), {"413": "Too large", "429": "Backpressure", "507": "Disk full"})},
+                _params("topic"), {"413": "Too large", "429": "Backpressure", "507": "Disk full"}),
+                "get": _op("List the topic's pending messages in due order, a page at a time", LISTING, None,
+                           _params("topic") + LIST_QUERY)},
+            "/v1/messages": {"get": _op("List every topic's pending messages in due order (admin)", LISTING,
+                                        None, LIST_QUERY)},
             "/v1/messages/{id}": {
                 "get": _op("Inspect a message", MESSAGE_VIEW, None, _params("id"), {"404": "Not found"}),
                 "delete": _op("Cancel a message", obj(["id", "state"], {"id": STR, "state": {
