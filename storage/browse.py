@@ -55,7 +55,8 @@ from delayd.storage.errors import StorageError
 from delayd.storage.farindex import FarIndex
 from delayd.storage.msgtable import MessageState, MessageTable
 from delayd.storage.timerlog import NO_POS, UNIT, UNIT_SIZE, TimerLog, UnitMagic
-from delayd.storage.timerwheel import Slot, TimerWheel
+from delayd.storage.timerwheel import HEADER as WHEEL_HEADER
+from delayd.storage.timerwheel import SLOT, SLOT_SIZE, Slot, TimerWheel
 
 log = logging.getLogger("delayd.storage")
 
@@ -76,6 +77,7 @@ FAR, WHEEL = 1, 0  # candidate sources
 _DEFAULT = int(UnitMagic.DEFAULT)
 _SCHEDULED = MessageState.SCHEDULED
 END_OF_TIME = (1 << 62) - 1
+WHEEL_HEADER_SIZE = WHEEL_HEADER.size
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,11 +278,18 @@ class Browser:
         # Beyond load_time every unit fires at its own due ms, in its own slot: slot after slot.
         # (DEFAULT units never reach a wheel span ahead, so the counts do not alias another lap.)
         last = min(end_ms, load + wheel.span_ms - p)
+        mm, nslots, cache = wheel.buffer, wheel.slot_count, self._cache
         for t in self._counted_slots(max(load + p, wheel.slot_time(low[0])), last, counts):
-            slot = wheel.get(t)
-            if slot.empty:
+            st, first, last_pos, num, magic = SLOT.unpack_from(mm, WHEEL_HEADER_SIZE + t // p % nslots * SLOT_SIZE)
+            if st != t or num <= 0:
                 continue
-            view = self._view(slot, False, sync)
+            if num < CACHE_MIN_UNITS and t not in cache:
+                # The common case, a slot of a few units: walked and sorted right here.
+                for d, s, th in self._small(t, last_pos):
+                    if d > low[0] or (d == low[0] and s > low[1]):
+                        yield d, s, th, WHEEL
+                continue
+            view = self._view(Slot(st, first, last_pos, num, magic), False, sync)
             if view is not None:
                 for d, s, th in self._stream(view, low):
                     yield d, s, th, WHEEL
@@ -406,6 +415,41 @@ class Browser:
             view.runs.append(_make_run(keys))
         return late
 
+    def _small(self, slot_time: int, last_pos: int) -> list[tuple[int, int, int]]:
+        """(deliver_at, seq, topic_hash) of the DEFAULT units of a small slot beyond load_time,
+        sorted: `_chain` without the generator, for the slot after slot of an ordinary page."""
+        files, p = self.log.files, self.precision
+        start, end = files.start, files.end
+        out: list[tuple[int, int, int]] = []
+        pos, lo, hi, walked = last_pos, 0, 0, 0
+        buf = b""
+        unpack = UNIT.unpack_from
+        try:
+            while pos != NO_POS:
+                if not lo <= pos < hi:
+                    if pos < start or pos + UNIT_SIZE > end or pos % UNIT_SIZE:
+                        self._damaged(slot_time, f"unit position {pos} out of range")
+                    lo = max(files.segment_of(pos), pos + UNIT_SIZE - MIN_READ)
+                    buf = files.read(lo, pos + UNIT_SIZE - lo)
+                    hi = lo + len(buf)
+                size, prev, magic, enq, delay, _off, _csize, th, seq = unpack(buf, pos - lo)
+                fire = enq + delay
+                if size != UNIT_SIZE or prev >= pos or fire - fire % p != slot_time:
+                    self._damaged(slot_time, f"unit at {pos} does not belong to the chain")
+                if magic == _DEFAULT:
+                    out.append((fire, seq, th))
+                pos = prev
+                walked += 1
+        except StorageError as e:
+            self._skip(slot_time, f"{type(e).__name__}: {e}")
+            return []
+        except _Damaged:
+            return []
+        finally:
+            self._walked += walked
+        out.sort()
+        return out
+
     def _chain(self, slot_time: int, last_pos: int, stop: int) -> Iterator[tuple[int, int, int, int]]:
         """(magic, fire_time, topic_hash, seq) of the units from `last_pos` back to `stop`
         (exclusive), newest first. A burst's units sit together, so the read window doubles
@@ -435,10 +479,13 @@ class Browser:
             self._damaged(slot_time, f"chain ended before {stop}")
 
     def _damaged(self, slot_time: int, why: str) -> None:
+        self._skip(slot_time, why)
+        raise _Damaged(why)
+
+    def _skip(self, slot_time: int, why: str) -> None:
         self._cache.pop(slot_time, None)
         log.warning("listing skips TimerWheel slot %d: %s (the timer repairs it when the slot is due)",
                     slot_time, why)
-        raise _Damaged(why)
 
 
 def _make_run(packed: list[int]) -> _Run:

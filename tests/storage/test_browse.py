@@ -302,6 +302,29 @@ def test_stale_far_rows_are_pruned_when_read(tmp_path: Path, clock: list[int]) -
     s.close()
 
 
+@pytest.mark.parametrize("big", [False, True])
+def test_a_damaged_chain_skips_its_slot_not_the_listing(tmp_path: Path, clock: list[int],
+                                                        caplog: pytest.LogCaptureFixture, big: bool) -> None:
+    cfg = StoreConfig(precision_ms=1000, roll_window_ms=60_000)
+    s = Store(tmp_path, cfg, clock_ms=lambda: clock[0])
+    s.recover()
+    drv = Driver(s, clock)
+    base = T0 - T0 % 1000 + 10_000
+    n = browse.CACHE_MIN_UNITS if big else 3
+    before = produce(s, drv, [base + i for i in range(3)])
+    hit = produce(s, drv, [base + 2000 + i % 1000 for i in range(n)])
+    after = produce(s, drv, [base + 4000 + i for i in range(3)])
+    drv.enqueue()
+    slot = s.timers.wheel.get(base + 2000)
+    s.timers.log.files.write_at(slot.last_pos, b"\xff\xff\xff\xff")  # the newest unit's size field
+    with caplog.at_level("WARNING", logger="delayd.storage"):
+        got = listed(drv, limit=4)
+    assert got == sorted((d, q) for q, d in {**before, **after}.items())
+    assert f"listing skips TimerWheel slot {base + 2000}" in caplog.text
+    assert hit  # (they are the dispatcher's to repair when their slot is due)
+    s.close()
+
+
 # ------------------------------------------------------------------------------ model test
 
 OPS = st.one_of(
