@@ -83,6 +83,8 @@ def fill(store: Store, n: int, far_share: float, burst: int, rare: int, batch: i
                     break
                 assert store.index(recs, T0) == len(recs)
             if appended % 1_000_000 < batch:
+                # As the daemon does every second: the far index's queued rows go to SQLite.
+                store.checkpoint(store.load_time_ms, {})
                 print(f"  {appended:,} messages ({time.perf_counter() - t0:.0f} s)", flush=True)
     store.flush_commit()
     t1 = time.perf_counter()
