@@ -254,6 +254,8 @@ function setRange(range) {
   const chip = $("range");
   chip.replaceChildren();
   if (range) {
+    chip.dataset.from = range.from;
+    chip.dataset.to = range.to;
     chip.append(node("span", `due ${fmtTime(range.from, true)} – ${fmtTime(range.to, true)}`));
     const x = node("button", "✕", "chip-x");
     x.type = "button";
