@@ -58,6 +58,7 @@ bench: install-dev
 	bash bench/install_peer.sh
 	$(PY) -m bench.storage_bench
 	$(PY) -m bench.keyindex_bench
+	$(PY) -m bench.list_bench -n 10000000
 	$(PY) -m bench.daemon_vs_redis
 	$(PY) -m bench.spark_bench
 

@@ -447,7 +447,7 @@ class Groups:
         expired = sum(1 for lease in g.leases.values() if lease.deadline_ms <= now)
         inflight = len(g.leases) - expired
         return {"backlog": max(0, q.end - g.cursor) + waiting + expired, "inflight": inflight,
-                "dead": len(g.dead)}
+                "dead": len(g.dead), "oldest_unacked_age_ms": self.oldest_unacked_age_ms(g, now)}
 
     def oldest_unacked_due_ms(self, g: Group) -> int | None:
         """`deliver_at` of the group's oldest message that is due and not acked (nor dead), or
@@ -459,6 +459,12 @@ class Groups:
             return None
         units = q.read(oldest, 1)
         return units[0].deliver_at if units else None
+
+    def oldest_unacked_age_ms(self, g: Group, now: int) -> int:
+        """How long ago the group's oldest due, unacked message fell due (SQS's
+        ApproximateAgeOfOldestMessage, RocketMQ's consumer lag time); 0 when none waits."""
+        due = self.oldest_unacked_due_ms(g)
+        return 0 if due is None else max(0, now - due)
 
 
 def encode_event(ev: dict[str, Any]) -> bytes:

@@ -140,8 +140,8 @@ def _auth_middleware(tokens: tuple[Token, ...]) -> Callable[..., Awaitable[web.S
     @web.middleware
     async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
         path = request.path
-        if path in ("/healthz", "/readyz", "/openapi.json"):
-            return await handler(request)
+        if path in ("/healthz", "/readyz", "/openapi.json", "/ui") or path.startswith("/ui/"):
+            return await handler(request)  # (the console's files hold no data; see broker.console)
         header = request.headers.get("Authorization", "")
         given = header[7:].strip() if header[:7].lower() == "bearer " else ""
         # Header bytes that are not UTF-8 arrive as surrogates: compare them as the raw bytes
@@ -406,4 +406,6 @@ def make_app(broker: Broker, config: Config, metrics_obj: MetricsSink) -> web.Ap
         web.get("/readyz", readyz),
         web.get("/openapi.json", openapi, allow_head=False),
     ])
+    from delayd.broker import console, listing  # they build on this module's helpers
+    app.add_routes(listing.routes() + console.routes())
     return app

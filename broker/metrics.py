@@ -101,7 +101,6 @@ class _Live(Collector):
         oldest = GaugeMetricFamily("delayd_group_oldest_unacked_age_seconds",
                                    "Now minus deliver_at of the group's oldest due, unacked message (0: none)",
                                    labels=["topic", "group"])
-        now = b.clock.now_ms()
         for g in groups.groups.values():
             s = groups.stats(g)
             acked.add_metric([g.topic, g.name], g.acked_total)
@@ -110,8 +109,7 @@ class _Live(Collector):
             backlog.add_metric([g.topic, g.name], s["backlog"])
             inflight.add_metric([g.topic, g.name], s["inflight"])
             dead.add_metric([g.topic, g.name], s["dead"])
-            due = groups.oldest_unacked_due_ms(g)
-            oldest.add_metric([g.topic, g.name], 0 if due is None else max(0, now - due) / 1000)
+            oldest.add_metric([g.topic, g.name], s["oldest_unacked_age_ms"] / 1000)
         yield from (acked, nacked, dead_t, backlog, inflight, dead, oldest)
         depth = GaugeMetricFamily("delayd_stage_queue_depth", "Items waiting in front of each stage", labels=["stage"])
         for name, n in pipeline.depths().items():

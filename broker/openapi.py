@@ -132,7 +132,10 @@ SCHEMAS: dict[str, Any] = {
         "node_id": STR, "scheduled": COUNT, "produced_total": COUNT, "delivered_total": COUNT,
         "cancelled_total": COUNT, "rolled_total": COUNT,
         "lateness_ms": obj({"p50": INT, "p99": INT, "max": INT}, ("p50", "p99", "max")),
-        "topics": count_map("scheduled", "delivered_total"), "groups": count_map("backlog", "inflight", "dead"),
+        "topics": count_map("scheduled", "delivered_total"),
+        "groups": {"type": "object", "additionalProperties": obj(
+            {"backlog": COUNT, "inflight": COUNT, "dead": COUNT, "oldest_unacked_age_ms": COUNT},  # oldest_unacked_age_ms: addition
+            ("backlog", "inflight", "dead"))},
         "pipeline": {"type": "object", "additionalProperties": COUNT}, "disk_bytes": COUNT,
         "recovery_seconds": {"type": "number", "minimum": 0}, "wall_clock_skew_ms": INT},
         ("scheduled", "produced_total", "delivered_total", "cancelled_total", "lateness_ms", "topics", "groups",
@@ -140,6 +143,10 @@ SCHEMAS: dict[str, Any] = {
     "Schedule": obj({"buckets": {"type": "array", "maxItems": 10_000, "items": {
         "type": "array", "items": INT, "minItems": 2, "maxItems": 2}}}, ("buckets",)),
     "Info": obj({"node_id": STR, "version": STR}, ("node_id", "version")),
+    # (addition) GET /v1/topics/{topic}/messages and GET /v1/messages: pending messages in due order.
+    "Listed": obj({**VIEW_PROPS, "produced_at": EPOCH_MS, "body_size": COUNT}, (*VIEW_REQUIRED, "produced_at", "body_size")),
+    "Listing": obj({"messages": {"type": "array", "maxItems": 1000, "items": ref("Listed")},
+                    "next_cursor": NULLABLE_STR}, ("messages", "next_cursor")),
     "Status": obj({"status": STR}, ("status",)),
 }
 
@@ -221,6 +228,15 @@ def plain(operation_id: str, summary: str, responses: dict[str, Any]) -> dict[st
     return {"operationId": operation_id, "summary": summary, "security": [], "responses": responses}
 
 
+LIST_QUERY = [
+    {"name": "from", "in": "query", "schema": {"type": "integer", "minimum": 0}},
+    {"name": "to", "in": "query", "schema": {"type": "integer", "minimum": 0}},
+    {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 1000}},
+    {"name": "cursor", "in": "query", "schema": STR},
+    {"name": "body", "in": "query", "schema": BOOL},
+]
+
+
 def spec() -> dict[str, Any]:
     t, g = "/v1/topics/{topic}", "/v1/topics/{topic}/subscriptions/{group}"
     tg = ("topic", "group")
@@ -233,7 +249,11 @@ def spec() -> dict[str, Any]:
         "paths": {
             f"{t}/messages": {"post": op(
                 "produce", "Schedule one message or a batch (all-or-nothing)", "Produced", ("429", "507"),
-                path=("topic",), body={"oneOf": [ref("MessageIn"), ref("ProduceBatch")]})},
+                path=("topic",), body={"oneOf": [ref("MessageIn"), ref("ProduceBatch")]}),
+                "get": op("listTopicMessages", "List the topic's pending messages in due order, a page at a time",
+                          "Listing", (), path=("topic",), query=LIST_QUERY)},
+            "/v1/messages": {"get": op("listMessages", "List every topic's pending messages in due order (admin)",
+                                       "Listing", (), query=LIST_QUERY)},
             "/v1/messages/{id}": {
                 "get": op("getMessage", "Inspect a message", "MessageView", ("404",), path=("id",)),
                 "delete": op("cancelMessage", "Cancel a message (idempotent)", "Cancelled", ("404", "409", "507"),

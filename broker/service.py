@@ -25,6 +25,7 @@ from delayd.broker.groups import Delivery, Group, Groups, decode_event, encode_e
 from delayd.broker.pipeline import GroupCommit, Pipeline
 from delayd.broker.push import Pusher, PushOutcome
 from delayd.broker.pushconfig import PushConfig
+from delayd.storage.browse import Page, Query
 from delayd.storage.commitlog import Record
 from delayd.storage.errors import StorageError
 from delayd.storage.msgtable import MessageState
@@ -33,6 +34,7 @@ from delayd.storage.store import Due, NewMessage, Store
 log = logging.getLogger("delayd.broker")
 
 ID_NUMBER = re.compile(r"[1-9a-f][0-9a-f]{0,15}")
+LIST_CATCH_UP_S = 1.0  # how long a listing waits for indexing to catch up with earlier produces
 STATE_NAMES = {MessageState.SCHEDULED: "scheduled", MessageState.DELIVERED: "delivered",
                MessageState.CANCELLED: "cancelled"}
 
@@ -365,9 +367,7 @@ class Broker:
         g = self.groups.groups.get(f"{topic}/{name}")
         if g is None:
             raise errors.NotFound(f"no subscription {name!r} on topic {topic!r}")
-        oldest = self.groups.oldest_unacked_due_ms(g)
-        age = 0 if oldest is None else max(0, self.clock.now_ms() - oldest)
-        return {**g.settings(), **self.groups.stats(g), "oldest_unacked_age_ms": age}
+        return {**g.settings(), **self.groups.stats(g)}
 
     async def delete_group(self, topic: str, name: str) -> dict[str, Any]:
         """Remove a group durably (404 when there is none, as SQS's DeleteQueue and RocketMQ's
@@ -476,3 +476,25 @@ class Broker:
 
     def schedule(self, start: int, end: int, step: int) -> list[list[int]]:
         return self._require_ready().schedule(start, end, step)
+
+    async def browse(self, query: Query) -> tuple[Page, list[Record | StorageError]]:
+        """One page of pending messages in due order (storage.browse) and their records. Waits
+        (up to LIST_CATCH_UP_S) for indexing to reach what was produced before the call, so a
+        message whose produce was answered is listed; the event loop runs while a big slot is
+        walked."""
+        store = self._require_ready()
+        assert self.pipeline is not None
+        target = store.commit.end
+        deadline = self.clock.monotonic() + LIST_CATCH_UP_S
+        while store.indexed < target and self.clock.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        steps = store.browse(query, self.pipeline.inflight.read_time())
+        while True:
+            self._require_ready()  # shutdown closes the files between steps
+            try:
+                next(steps)
+            except StopIteration as done:
+                page: Page = done.value
+                break
+            await asyncio.sleep(0)
+        return page, store.read_many([(i.commit_offset, i.commit_size) for i in page.items])

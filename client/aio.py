@@ -7,7 +7,8 @@ use) and then routes
   a key goes to a random shard (all unkeyed messages of one `send_batch` call to the same one);
 * `cancel`, `get`, `ack`, `nack`, `extend` - to the shard whose node id prefixes the id or receipt;
 * `pull` - to every shard (see `client.shardpull`), never returning more than `max`;
-* `subscribe`, `dead`, `redrive`, `stats`, `schedule`, `info` - to every shard, answers merged.
+* `subscribe`, `dead`, `redrive`, `stats`, `schedule`, `info` - to every shard, answers merged;
+* `list` (client.listing) - to every shard, its pages merged in due order.
 
 Pending messages never move between shards. When shards are added, keys move per consistent hashing,
 so `cancel_key` / `get_key` ask every shard when the key's current owner answers 404.
@@ -24,6 +25,7 @@ from typing import Any
 from delayd.client.codec import Body, Encoding, OutgoingMessage, to_epoch_ms, to_ms_duration
 from delayd.client.errors import AlreadyDelivered, DelaydError, InvalidMessage, NotFound
 from delayd.client.http import Retry, RetryPolicy, TlsOption, Transport, path, tls_context
+from delayd.client.listing import Listing
 from delayd.client.models import (
     AckResult,
     CancelResult,
@@ -77,7 +79,7 @@ def receipt_list(receipts: Receipts) -> list[str]:
     return [r.receipt if isinstance(r, ReceivedMessage) else str(r) for r in receipts]
 
 
-class AsyncClient:
+class AsyncClient(Listing):
     """Asynchronous delayd client. Use as `async with AsyncClient(url) as c:` or call `close()`.
 
     `url` is one base URL, several (a list, or one string with commas) for a sharded deployment, or

@@ -1,5 +1,5 @@
-"""User commands of the `delayd` CLI: send, cancel, get, consume, subscribe, ack, dead, redrive, stats,
-schedule.
+"""User commands of the `delayd` CLI: send, cancel, get, ls, consume, subscribe, ack, dead, redrive,
+stats, schedule.
 
 `delayd/cli.py` (the `delayd` entry point) calls `register(subparsers)` and then `args.func(args)`, which returns the exit code.
 `main(argv)` runs these commands on their own. Every command takes `--url` (env `DELAYD_URL`, default
@@ -460,6 +460,40 @@ def cmd_schedule(args: argparse.Namespace, client: Client) -> int:
     return EXIT_OK
 
 
+# ---------------------------------------------------------------------------------------- ls
+
+@_command
+def cmd_ls(args: argparse.Namespace, client: Client) -> int:
+    limit = None if args.all else args.limit
+    page_size = min(1000, limit or 1000)
+    shown, truncated, header = 0, False, True
+    for page in client.list(args.topic, from_ms=args.start, to_ms=args.end, page_size=page_size, body=args.body):
+        batch = page.messages if limit is None else page.messages[:limit - shown]
+        truncated = limit is not None and (len(batch) < len(page.messages) or page.cursor is not None)
+        if args.json:
+            for m in batch:
+                out: dict[str, Any] = {k: v for k, v in m.__dict__.items() if k != "body"}
+                if m.body is not None:
+                    out.update(_body_json(m.body))
+                _print_json(out)
+        elif batch:
+            rows = [(format_time(m.deliver_at), format_relative(m.deliver_at), m.id, m.topic, m.key or "-",
+                     m.tag or "-", format_bytes(m.body_size)) + ((_body_human(m.body, 60),) if m.body is not None
+                                                                   else ()) for m in batch]
+            text = table(["due", "in", "id", "topic", "key", "tag", "size"] + (["body"] if args.body else []), rows)
+            print(text if header else text.split("\n", 1)[1], flush=True)
+            header = False
+        shown += len(batch)
+        if limit is not None and shown >= limit:
+            break
+    if not args.json:
+        if not shown:
+            print("nothing pending" + (f" in {args.topic}" if args.topic else ""))
+        elif truncated:
+            _err(f"showing the first {shown:,}; more are pending (--limit N, or --all)")
+    return EXIT_OK
+
+
 # ---------------------------------------------------------------------------------------- parsers
 
 def _duration(text: str) -> int:
@@ -571,6 +605,18 @@ def register(subparsers: Any) -> None:
     p.add_argument("ids", nargs="*", metavar="ID")
     p.add_argument("--all", action="store_true", help="every dead letter of the group")
     p.set_defaults(func=cmd_redrive)
+
+    p = subparsers.add_parser("ls", parents=[common], help="list pending messages in due order",
+                              description="List pending messages in due order: of one TOPIC, or of every topic "
+                              "(needs the admin right). Pages through the API's cursor.")
+    p.add_argument("topic", nargs="?", help="only this topic (default: every topic)")
+    p.add_argument("--from", dest="start", type=_time, default=None, metavar="TIME",
+                   help="due at or after this time (ISO 8601 or epoch ms)")
+    p.add_argument("--to", dest="end", type=_time, default=None, metavar="TIME", help="due at or before this time")
+    p.add_argument("--limit", "-n", type=_positive, default=100, help="show at most N (default 100)")
+    p.add_argument("--all", action="store_true", help="show every pending message")
+    p.add_argument("--body", action="store_true", help="fetch and show bodies too")
+    p.set_defaults(func=cmd_ls)
 
     p = subparsers.add_parser("stats", parents=[common], help="counters, lateness, backlog")
     p.set_defaults(func=cmd_stats)

@@ -137,6 +137,43 @@ class DeadLetter:
 
 
 @dataclass(frozen=True)
+class PendingMessage:
+    """A pending message as a listing shows it (`list`); `body` only when asked for."""
+
+    id: str
+    topic: str
+    deliver_at: int
+    produced_at: int
+    body_size: int
+    key: str | None = None
+    tag: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytes | None = None
+
+    @property
+    def deliver_at_dt(self) -> datetime:
+        return from_epoch_ms(self.deliver_at)
+
+    @classmethod
+    def from_wire(cls, obj: Mapping[str, Any]) -> PendingMessage:
+        has_body = "body" in obj or "body_b64" in obj
+        return cls(id=str(_req(obj, "id")), topic=str(obj.get("topic") or ""), deliver_at=int(_req(obj, "deliver_at")),
+                   produced_at=int(obj.get("produced_at") or 0), body_size=int(obj.get("body_size") or 0),
+                   key=obj.get("key"), tag=obj.get("tag"), headers=_headers(obj),
+                   body=decode_body(obj) if has_body else None)
+
+
+@dataclass(frozen=True)
+class PendingPage:
+    """One page of a listing, in due order. `cursor` resumes after it (None: nothing more; also
+    None when several shards were merged). A page may hold fewer messages than asked for and still
+    have a cursor: the broker bounds the work of one request."""
+
+    messages: list[PendingMessage]
+    cursor: str | None = None
+
+
+@dataclass(frozen=True)
 class CancelResult:
     id: str
     state: str = "cancelled"

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from delayd.client.aio import DEFAULT_URL, AsyncClient, Push, Receipts, Urls
 from delayd.client.codec import Body, Encoding, OutgoingMessage
 from delayd.client.http import RetryPolicy, TlsOption
+from delayd.client.listing import SyncListing
 from delayd.client.models import (
     AckResult,
     CancelResult,
@@ -114,7 +115,7 @@ def _shutdown(runner: LoopThread, aio: AsyncClient) -> None:
         runner.stop()
 
 
-class Client:
+class Client(SyncListing):
     """Blocking delayd client; same arguments and methods as `AsyncClient` (see its docstring for
     sharding, `tls`, and the retry rule: produce is retried only when every message has a `key`).
 

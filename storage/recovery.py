@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from delayd.storage import checkpoint as ckpt
+from delayd.storage import farindex
 from delayd.storage.commitlog import Record, RecordType, ScanReport
 from delayd.storage.errors import CorruptData, GeometryMismatch, Insane, StorageError
 from delayd.storage.keyindex import KeyIndex
@@ -40,6 +41,8 @@ class RecoveryReport:
     ready_replayed: int = 0
     keys_replayed: int = 0
     keys: str = "ok"
+    far_replayed: int = 0
+    far: str = "ok"
     group_events: list[Record] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -50,7 +53,8 @@ class RecoveryReport:
                 f"damaged records ({c.skipped_bytes} bytes) skipped; {self.replayed_records} records "
                 f"re-indexed; TimerLog {self.units_stripped} units unlinked, {self.timerlog_truncated} "
                 f"bytes truncated; wheel {self.wheel}; {self.ready_replayed} deliveries replayed; key index "
-                f"{self.keys}, {self.keys_replayed} records replayed")
+                f"{self.keys}, {self.keys_replayed} records replayed; far index {self.far}, "
+                f"{self.far_replayed} messages replayed")
 
 
 def recover(store: Store) -> RecoveryReport:
@@ -149,6 +153,7 @@ def recover(store: Store) -> RecoveryReport:
     store.late.clear()  # recovered units sit in slot R, which dequeue-get loads first anyway
     store.indexed = store.commit.end
     _recover_keys(store, cp, rep)
+    _recover_far(store, cp, rep)
     rep.seconds = time.monotonic() - t0
     return rep
 
@@ -203,6 +208,21 @@ def _recover_keys(store: Store, cp: ckpt.Checkpoint | None, rep: RecoveryReport)
                 done.append((u.released_at, topic, rec.key, u.seq))
     store.keys.delivered(done)
     store.keys.commit(store.commit.end)
+
+
+def _recover_far(store: Store, cp: ckpt.Checkpoint | None, rep: RecoveryReport) -> None:
+    """Bring the far index up to the log (storage.farindex): replay from where its own commit
+    says it is complete, or rebuild it from the oldest segment when it is new or unusable or
+    the message table was just rebuilt."""
+    from delayd.storage.store import FLAG_FAR  # the store imports this module
+    pos = min(store.far.commit_pos, cp.commit_indexed if cp else store.commit.start)
+    if store.far_rebuild or cp is None or pos < store.commit.start:
+        store.far.reset()
+        pos = store.commit.start
+        rep.far = "rebuilt"
+    rep.far_replayed = farindex.replay(store.far, store.commit.scan(pos), store.msgs, FLAG_FAR)
+    store.far.commit(store.indexed)
+    store.far_rebuild = False
 
 
 def _load_checkpoint(store: Store, rep: RecoveryReport, timerlog_end: int) -> ckpt.Checkpoint | None:

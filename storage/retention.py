@@ -31,7 +31,7 @@ def retain(store: Store, now_ms: int, retention_ms: int, needed: dict[str, int])
     # was written; the margin covers that lead with room to spare.
     horizon = store.read_time_ms - store.cfg.roll_window_ms - store.cfg.lookahead_ms - 2 * store.cfg.precision_ms \
         - RETENTION_MARGIN_MS
-    low = min(store.durable_indexed, store.keys.commit_pos)
+    low = min(store.durable_indexed, store.keys.commit_pos, store.far.commit_pos)
     for topic, q in store.ready.items():
         keep_from = None
         for first, end, lo, released in q.segments():

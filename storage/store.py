@@ -32,13 +32,14 @@ import os
 import time
 import zlib
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from delayd.storage import checkpoint as ckpt
-from delayd.storage import recovery, retention
+from delayd.storage import farindex, recovery, retention
+from delayd.storage.browse import Browser, Page, Query
 from delayd.storage.commitlog import (
     CommitLog,
     Record,
@@ -130,6 +131,9 @@ class Store:
         self.msgs = MessageTable(self.dir / "msgtable", self.cfg.msgtable_segment_entries)
         self.keys_rebuilt = False  # the key index was unusable and starts empty
         self.keys = recovery.open_keys(self)
+        self.far, self.far_rebuild = farindex.open_far(self.dir)  # recover() rebuilds or replays it
+        self._far_ops: tuple[list[Any], int] = ([], 0)  # far-index writes riding the checkpoint
+        self._browser: Browser | None = None
         self.timers: TimerIndex  # opened by recover()
         self.ready: dict[str, ReadyQueue] = {}
         for p in sorted((self.dir / "ready").glob("*")) if (self.dir / "ready").exists() else []:
@@ -331,10 +335,12 @@ class Store:
         if magic == _ROLL_BIT:
             if first:
                 self._far_add(deliver_at, 1)
+                self.far.put(deliver_at, seq, th)
             msgs.set_flags(seq, FLAG_FAR)
         else:
             if not first:
                 self._far_add(deliver_at, -1)
+                self.far.remove(deliver_at, seq)
             if deliver_at >= d:
                 self.slot_counts[deliver_at // self.cfg.precision_ms % self._slot_count] += 1
                 msgs.set_flags(seq, FLAG_SLOT)
@@ -353,6 +359,7 @@ class Store:
             try:
                 deliver_at = self.commit.read(off, size).deliver_at
                 self._far_add(deliver_at, -1)
+                self.far.remove(deliver_at, rec.seq)
             except (StorageError, CorruptData):
                 pass
         elif flags & FLAG_SLOT:
@@ -611,6 +618,17 @@ class Store:
                 buckets[(t - start) // step][1] += c
         return buckets
 
+    # ---------------------------------------------------------------------------------- browse
+    def browse(self, query: Query, near_from_ms: int) -> Generator[None, None, Page]:
+        """Pending messages in due order, one page (storage.browse): a generator to step, that
+        yields while it walks a big slot and returns the Page. `near_from_ms` is the oldest slot
+        whose units may still be in flight (the dispatcher's read time)."""
+        if self._browser is None:
+            self._browser = Browser(self.timers.wheel, self.timers.log, self.msgs, self.far, self.read_many,
+                                    lambda: (self.load_time_ms, self.slot_counts),
+                                    far_flag=FLAG_FAR, slot_flag=FLAG_SLOT)
+        return self._browser.page(query, near_from_ms)
+
     # ---------------------------------------------------------------------------------- checkpoint
     def checkpoint(self, read_time_ms: int, groups: dict[str, Any]) -> None:
         """Flush every derived structure, then record how far each is complete."""
@@ -627,6 +645,7 @@ class Store:
             fds += q.files.dirty_handles()
         fds.append(self.timers.wheel.dup_fd())  # fsync of the file also writes its mmap'd pages
         self._key_ops = (self.keys.take_ops(), self.commit.end)
+        self._far_ops = (self.far.take_ops(), self.indexed)
         cp = ckpt.Checkpoint(
             commit_indexed=self.indexed, commit_end=self.commit.end, timerlog_end=self.timers.log.end,
             read_time_ms=read_time_ms, next_seq=self.next_seq,
@@ -641,6 +660,7 @@ class Store:
         state the event loop uses: safe in a worker thread."""
         ops, pos = self._key_ops
         self.keys.apply(ops, pos)
+        self.far.apply(*self._far_ops)
         fsync_all(fds)
         ckpt.save(self.dir / "checkpoint", cp)
 
@@ -650,6 +670,8 @@ class Store:
         ops, _pos = self._key_ops
         self.keys.requeue(ops)
         self._key_ops = ([], 0)
+        self.far.requeue(self._far_ops[0])
+        self._far_ops = ([], 0)
         for files in (self.commit.files, self.timers.log.files, *(q.files for q in self.ready.values())):
             files.mark_all_dirty()
         self.msgs.mark_all_dirty()
@@ -667,6 +689,7 @@ class Store:
 
     def checkpoint_saved(self, cp: ckpt.Checkpoint) -> None:
         self.keys.applied()
+        self.far.applied()
         self.read_time_ms = cp.read_time_ms
         self.durable_indexed = cp.commit_indexed
         for base in self.commit.files.bases:
@@ -691,6 +714,8 @@ class Store:
         self.msgs.close()
         self.keys.commit(self.commit.end)
         self.keys.close()
+        self.far.commit(self.indexed)
+        self.far.close()
         for q in self.ready.values():
             q.close()
         os.close(self._lock_fd)

@@ -31,7 +31,8 @@ API_MD_PATHS = {
     ("GET", "/openapi.json"),
 }
 # The endpoints docs/api.md's "## Additions" section adds.
-ADDED_PATHS = {("GET", "/v1/info"), ("GET", SUB), ("DELETE", SUB)}
+ADDED_PATHS = {("GET", "/v1/info"), ("GET", SUB), ("DELETE", SUB), ("GET", "/v1/topics/{topic}/messages"),
+               ("GET", "/v1/messages")}
 # The contract lives in the repository; a clone without it is broken, so this is never skipped.
 API_MD = ROOT / "docs" / "api.md"
 STAGES = {"enqueue_get", "enqueue_put", "dequeue_get", "dequeue_get_message", "dequeue_put"}
@@ -109,12 +110,16 @@ def test_stats_has_every_field_with_the_right_types_and_true_values(api: Api) ->
     assert 0 <= lat["p50"] <= lat["p99"] <= lat["max"]
     assert s["topics"][t]["scheduled"] == 1 and s["topics"][t]["delivered_total"] == 3
     assert all(is_int(v) for c in s["topics"].values() for v in c.values())
-    assert s["groups"][f"{t}/g"] == {"backlog": 1, "inflight": 2, "dead": 0}
+    g = s["groups"][f"{t}/g"]
+    assert {k: g[k] for k in ("backlog", "inflight", "dead")} == {"backlog": 1, "inflight": 2, "dead": 0}
+    # (addition) the oldest unacked message became due when it was delivered, moments ago
+    assert is_int(g["oldest_unacked_age_ms"]) and 0 <= g["oldest_unacked_age_ms"] < 60_000
     assert all(set(c) >= {"backlog", "inflight", "dead"} and all(is_int(v) for v in c.values())
                for c in s["groups"].values())
     assert set(s["pipeline"]) >= STAGES and all(is_int(v) and v >= 0 for v in s["pipeline"].values())
     api.ack(t, "g", [m["receipt"] for m in got])
-    assert api.stats()["groups"][f"{t}/g"] == {"backlog": 1, "inflight": 0, "dead": 0}
+    g = api.stats()["groups"][f"{t}/g"]
+    assert {k: g[k] for k in ("backlog", "inflight", "dead")} == {"backlog": 1, "inflight": 0, "dead": 0}
 
 
 def test_stats_in_msgpack(api: Api) -> None:
@@ -355,8 +360,8 @@ def test_openapi_has_every_documented_path(spec: dict[str, Any]) -> None:
 def _doc_paths(text: str) -> set[tuple[str, str]]:
     found = set()
     for method, path in re.findall(r"`(GET|POST|PUT|DELETE) ([^`\s]+)", text):
-        if not path.startswith(("/", "...")):
-            continue  # `POST <push.url>`: a request the daemon sends, not one of its paths
+        if not path.startswith(("/", "...")) or path == "/ui" or path.startswith("/ui/"):
+            continue  # `POST <push.url>` is a request the daemon sends; /ui/ serves the console's files
         path = path.split("?", 1)[0]
         found.add((method, SUB + path[3:] if path.startswith("...") else path))
     return found

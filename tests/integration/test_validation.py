@@ -420,7 +420,8 @@ def test_only_the_issued_id_names_a_message(api: Api) -> None:
 
 
 @pytest.mark.parametrize("method,path", [
-    ("GET", "/v1/topics/t/messages"), ("PUT", "/v1/topics/t/messages"), ("DELETE", "/v1/stats"),
+    ("DELETE", "/v1/topics/t/messages"), ("PUT", "/v1/topics/t/messages"), ("DELETE", "/v1/stats"),
+    ("POST", "/v1/messages"),  # (GET of both lists pending messages: docs/api.md, Additions)
     ("POST", "/v1/stats"), ("PUT", "/v1/messages/d-1"), ("POST", "/v1/messages/d-1"),
     ("POST", "/v1/topics/t/subscriptions/g"), ("GET", "/v1/topics/t/subscriptions/g/pull"),
     ("GET", "/v1/topics/t/subscriptions/g/ack"), ("POST", "/v1/topics/t/subscriptions/g/dead"),
