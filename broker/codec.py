@@ -15,6 +15,7 @@ from typing import Any
 import msgpack
 from delayd.broker import errors
 from delayd.broker.config import Config
+from delayd.storage import commitlog
 from delayd.storage.commitlog import Record
 from delayd.storage.store import NewMessage
 
@@ -22,11 +23,14 @@ JSON = "application/json"
 MSGPACK = "application/msgpack"
 NAME_RE = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9._\-]{0,127}")
 MESSAGE_FIELDS = {"body", "body_b64", "delay_ms", "deliver_at", "key", "tag", "headers", "replace"}
+# Per-field limits: API.md's, and where a field's commit-log length field is narrower (the tag's
+# is one byte), that too: every limit is checked in characters and in UTF-8 bytes.
+MAX_NAME_CHARS = 128  # topic and group: ASCII (NAME_RE), so also bytes; topic_len is u8
 MAX_HEADERS = 64
-MAX_HEADER_BYTES = 8 * 1024
-MAX_KEY_BYTES = 256
+MAX_HEADER_BYTES = 8 * 1024  # keys and values together, UTF-8; the packed map's u16 holds it
+MAX_KEY_BYTES = 256  # key_len is u16
 MAX_TAG_CHARS = 128
-MAX_DEPTH_HINT = 32
+MAX_TAG_BYTES = commitlog.MAX_TAG_BYTES  # 255: tag_len is one byte, so 128 "€" (384 bytes) cannot be stored
 
 
 def media_type(content_type: str | None) -> str | None:
@@ -204,10 +208,12 @@ def parse_message(topic: str, m: Any, index: int, cfg: Config, now_ms: int) -> t
     key = m.get("key")
     if key is not None and (not isinstance(key, str) or not 1 <= len(key.encode(errors="surrogatepass"))
                             <= MAX_KEY_BYTES or _has_surrogates(key)):
-        raise bad(f"key must be a string of 1-{MAX_KEY_BYTES} UTF-8 bytes")
+        raise bad(f"key must be a string of 1-{MAX_KEY_BYTES} UTF-8 bytes{_size(key)}")
     tag = m.get("tag")
-    if tag is not None and (not isinstance(tag, str) or len(tag) > MAX_TAG_CHARS or _has_surrogates(tag)):
-        raise bad(f"tag must be a string of at most {MAX_TAG_CHARS} characters")
+    if tag is not None and (not isinstance(tag, str) or len(tag) > MAX_TAG_CHARS or _has_surrogates(tag)
+                            or len(tag.encode()) > MAX_TAG_BYTES):
+        raise bad(f"tag must be a string of at most {MAX_TAG_CHARS} characters and {MAX_TAG_BYTES} UTF-8 bytes"
+                  f"{_size(tag)}")
     headers = m.get("headers")
     if headers is not None:
         if not isinstance(headers, dict) or len(headers) > MAX_HEADERS:
@@ -218,12 +224,19 @@ def parse_message(topic: str, m: Any, index: int, cfg: Config, now_ms: int) -> t
                 raise bad("headers keys and values must be strings")
             size += len(k.encode()) + len(v.encode())
         if size > MAX_HEADER_BYTES:
-            raise bad(f"headers exceed {MAX_HEADER_BYTES} bytes together")
+            raise bad(f"headers exceed {MAX_HEADER_BYTES} UTF-8 bytes together (keys and values: {size})")
         headers = headers or None
     replace = m.get("replace", False)
     if not isinstance(replace, bool):
         raise bad("replace must be a boolean")
     return NewMessage(topic, body, deliver_at, tag or None, key, headers), replace
+
+
+def _size(v: Any) -> str:
+    """ " (it is N characters, M bytes)" for a string that broke a limit: which of the two it broke."""
+    if not isinstance(v, str):
+        return ""
+    return f" (it is {len(v)} characters, {len(v.encode(errors='surrogatepass'))} bytes)"
 
 
 def _has_surrogates(s: str) -> bool:
