@@ -20,6 +20,7 @@ from delayd.broker import codec, errors
 from delayd.broker.config import Config, Token
 from delayd.broker.openapi import spec
 from delayd.broker.service import Broker
+from delayd.storage.commitlog import Record
 from delayd.storage.errors import DiskFull, StorageError
 
 log = logging.getLogger("delayd.http")
@@ -138,6 +139,22 @@ def authorize(request: web.Request, right: str, topic: str | None = None) -> Non
         raise errors.Forbidden(f"this token may not use topic {topic!r}")
 
 
+def message_of(request: web.Request, right: str) -> tuple[str, Record, str]:
+    """(id, record, state) of the message named in the path, for a token with `right`.
+
+    A message of a topic the token may not use answers exactly like a missing id (404, same
+    body): a 403 naming its topic would let any token walk the sequential ids and learn which
+    exist and what their topics are. The right itself is checked first, before the id is looked
+    up, so that its 403 says nothing about the id either."""
+    authorize(request, right)
+    message_id = request.match_info["id"]
+    rec, state = request.app[BROKER].get(message_id)
+    token: Token | None = request.get("token")
+    if token is not None and not any(fnmatch.fnmatchcase(rec.topic, p) for p in token.topics):
+        raise errors.NotFound(f"no message {message_id!r}")  # the words of Broker.get for a missing id
+    return message_id, rec, state
+
+
 def topic_of(request: web.Request) -> str:
     return codec.check_name(request.match_info["topic"], "topic")
 
@@ -158,22 +175,14 @@ async def produce(request: web.Request) -> web.Response:
 
 
 async def cancel(request: web.Request) -> web.Response:
-    broker = request.app[BROKER]
-    message_id = request.match_info["id"]
-    rec, _state = broker.get(message_id)
-    authorize(request, "produce", rec.topic)
-    return reply(request, await broker.cancel(message_id))
+    message_id, _rec, _state = message_of(request, "produce")
+    return reply(request, await request.app[BROKER].cancel(message_id))
 
 
 async def get_message(request: web.Request) -> web.Response:
-    broker = request.app[BROKER]
-    message_id = request.match_info["id"]
-    rec, state = broker.get(message_id)
     token = request.get("token")
-    if token is not None and "produce" not in token.rights:
-        authorize(request, "consume", rec.topic)
-    else:
-        authorize(request, "produce", rec.topic)
+    message_id, rec, state = message_of(request, "consume" if token is not None and "produce" not in token.rights
+                                        else "produce")
     return reply(request, {**codec.message_view(message_id, rec, fmt_of(request)), "state": state})
 
 
