@@ -35,6 +35,7 @@ def _is_loopback(host: str) -> bool:
 async def serve(cfg: Config, clock: Clock | None = None) -> int:
     """Run until SIGTERM/SIGINT. Resources start in order and stop in reverse."""
     from delayd.broker.http import make_app
+    from delayd.broker.httpserver import JsonErrorAppRunner
     from delayd.broker.metrics import Metrics
     from delayd.broker.service import Broker
 
@@ -67,9 +68,10 @@ async def serve(cfg: Config, clock: Clock | None = None) -> int:
     # within request_timeout_s (aiohttp arms its keep-alive timer at connect and after each
     # response) is closed; a stalled body is cut by read_body (408); the rest of an unread
     # body is drained for at most lingering_time.
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0,
-                           keepalive_timeout=cfg.request_timeout_s,
-                           lingering_time=min(10.0, cfg.request_timeout_s))
+    # JsonErrorAppRunner: requests aiohttp's parser refuses are answered in the API's JSON shape too.
+    runner = JsonErrorAppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0,
+                                keepalive_timeout=cfg.request_timeout_s,
+                                lingering_time=min(10.0, cfg.request_timeout_s))
     await runner.setup()
     site = web.TCPSite(runner, host, port, ssl_context=ssl_ctx, backlog=1024)
     await site.start()
