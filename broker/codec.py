@@ -59,22 +59,6 @@ def response_format(method: str, content_type: str | None, accept: str | None) -
     return JSON
 
 
-def decode(raw: bytes, fmt: str) -> Any:
-    if not raw:
-        return {}
-    try:
-        if fmt == MSGPACK:
-            return msgpack.unpackb(raw, raw=False, strict_map_key=True, max_bin_len=len(raw),
-                                   max_str_len=len(raw), max_array_len=100_000, max_map_len=100_000)
-        # JSON is UTF-8 (RFC 8259 §8.1): json.loads(bytes) would also guess UTF-16/32, so decode
-        # strictly here. A leading BOM may be ignored, which utf-8-sig does.
-        return json.loads(raw.decode("utf-8-sig"))
-    except RecursionError as e:
-        raise errors.InvalidJson("body is nested too deeply") from e
-    except (ValueError, TypeError, msgpack.UnpackException, msgpack.ExtraData) as e:
-        raise errors.InvalidJson(f"body is not valid {fmt.split('/')[1]}: {e or type(e).__name__}") from e
-
-
 def encode(obj: Any, fmt: str) -> bytes:
     if fmt == MSGPACK:
         return msgpack.packb(obj, use_bin_type=True)

@@ -70,6 +70,8 @@ def _op(summary: str, ok: dict[str, Any], body: dict[str, Any] | None = None,
               "503": "Recovery is still running", **(extra or {})}
     if body is not None:
         errors["408"] = "The request body did not arrive in time"
+        errors["413"] = "The body is over max_request_bytes (1 MiB for bodies other than a produce's) or " \
+                        "max_request_elements (docs/api.md, Limits)"
         errors["415"] = "Content-Type is neither application/json nor application/msgpack"
     for code, text in errors.items():
         responses[code] = {"description": text, "content": {"application/json": {"schema": ERROR}}}
