@@ -5,6 +5,7 @@ three daemons s0, s1, s2. Each test uses its own topics, so the daemons are shar
 from __future__ import annotations
 
 import asyncio
+import base64
 import itertools
 import json
 import subprocess
@@ -109,6 +110,18 @@ async def test_batch(c: Either) -> None:
     with pytest.raises(InvalidMessage) as info:
         await c("send_batch", topic, [{"body": "ok"}, {"body": "x", "key": "k" * 300}])
     assert info.value.index == 1 and info.value.status == 400
+
+
+async def test_a_batch_over_the_broker_request_limits_is_sent_in_parts(c: Either) -> None:
+    """The broker refuses a request over 16 MiB or 250,000 elements (413): send_batch splits."""
+    topic = fresh()
+    big = [{"body_b64": base64.b64encode(bytes([65 + i]) * 1_000_000).decode(), "delay_ms": 3_600_000}
+           for i in range(20)]
+    rs = await c("send_batch", topic, big)
+    assert len({r.id for r in rs}) == 20
+    assert (await c("get", rs[13].id)).body == bytes([65 + 13]) * 1_000_000
+    many = [{"body": str(i), "headers": {f"h{j}": "v" for j in range(64)}} for i in range(2500)]
+    assert len(await c("send_batch", topic, many)) == 2500  # 130 elements each: 325,000
 
 
 async def test_consume_cycle(c: Either) -> None:
