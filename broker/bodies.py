@@ -244,8 +244,9 @@ _BATCH_END = re.compile(rb"[ \t\n\r]*\}[ \t\n\r]*\Z")
 _WS = re.compile(rb"[ \t\n\r]*")
 # Everything up to the next structural byte outside strings. Whole strings are skipped inside
 # the regex engine, so the Python loop runs once per bracket or comma, not per string.
-_SKIP = re.compile(rb'[^"\[\]{},]*(?:"[^"\\]*(?:\\.[^"\\]*)*"[^"\[\]{},]*)*', re.DOTALL)
-_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+# Possessive quantifiers: a string that does not end in the window fails at once, no backtracking.
+_SKIP = re.compile(rb'[^"\[\]{},]*+(?:"[^"\\]*+(?:\\.[^"\\]*+)*+"[^"\[\]{},]*+)*+', re.DOTALL)
+_STRING_BODY = re.compile(rb'[^"\\]*+(?:\\.[^"\\]*+)*+', re.DOTALL)  # the inside of a string
 _SEPARATOR = re.compile(r"[ \t\n\r]*,?[ \t\n\r]*")
 QUOTE, COMMA, LBRACE, RBRACE, LBRACKET, RBRACKET = b'",{}[]'
 _DECODER = json.JSONDecoder()
@@ -278,14 +279,23 @@ class JsonScanner:
                 self.pos = end
                 return -1
             c = raw[pos]
-            if c == QUOTE:  # a string the window cut, or one that is unterminated or too long
-                s = _STRING.match(raw, pos, min(end, pos + self.max_string + 2))
-                if s is None:
-                    if end - pos > self.max_string + 2:
-                        where = f"message {index}: " if index is not None else ""
-                        raise errors.TooLarge(f"{where}a string longer than {self.max_string} bytes", index=index)
-                    raise errors.InvalidJson("body is not valid json: unterminated string")
-                pos = s.end()
+            if c == QUOTE:  # a string the window cut, or a long one: walk it a window at a time
+                stop = min(end, pos + self.max_string + 2)
+                i = pos + 1
+                while True:
+                    j = _STRING_BODY.match(raw, i, min(stop, i + JSON_WINDOW)).end()  # type: ignore[union-attr]
+                    if j < stop and raw[j] == QUOTE:
+                        break
+                    if j >= stop or j == i:  # (no progress: an escape cut by the limit)
+                        if end - pos > self.max_string + 2:
+                            where = f"message {index}: " if index is not None else ""
+                            raise errors.TooLarge(f"{where}a string longer than {self.max_string} bytes",
+                                                  index=index)
+                        raise errors.InvalidJson("body is not valid json: unterminated string")
+                    i = j  # the window ended inside the string
+                    self.pos = pos
+                    yield None
+                pos = j + 1
                 continue
             if c == LBRACE or c == LBRACKET:
                 stack.append(c)

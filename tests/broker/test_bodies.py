@@ -178,6 +178,15 @@ def test_a_long_json_batch_is_scanned_in_slices() -> None:
     assert sum(item is None for item in items) >= 10 and len(items) - items.count(None) == 10_000
 
 
+def test_a_long_string_of_escapes_is_walked_in_windows() -> None:
+    """1.2 MB of \\" in one string: past one regex window, so the scanner yields inside it, and the
+    string still decodes whole."""
+    raw = bytearray(b'{"messages": [{"body": "' + b'\\"' * 600_000 + b'"}, {"body": "x"}]}')
+    items = list(bodies.produce("t", raw, JSON, CFG, 0))
+    msgs = [m for m, _ in (i for i in items if i is not None)]
+    assert [m.body for m in msgs] == [b'"' * 600_000, b"x"] and items.count(None) >= 1
+
+
 GARBAGE = {  # 4 MiB each: containers of one to three bytes, 56 to 64 bytes each as Python objects
     "msgpack-arrays-of-empty-maps": (MSGPACK, b"\xdd\x00\x00\x00\x40" + (b"\xdc\xff\xff" + b"\x80" * 0xFFFF) * 64),
     "msgpack-batch-of-arrays-of-empty-maps": (MSGPACK, b"\x81\xa8messages\xdd\x00\x00\x00\x40"
