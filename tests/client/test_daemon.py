@@ -186,9 +186,10 @@ async def test_producer(daemon: DaemonProcess) -> None:
     topic = fresh()
     async with AsyncClient(daemon.url) as client:
         async with AsyncProducer(client, linger_ms=10, max_batch=100, max_buffered=150) as p:
-            futures = [await p.send(topic, f"m{i}", key=f"k{i}") for i in range(500)]
+            futures = [await p.send(topic, f"m{i}", key=f"k{i}", delay_ms=600_000) for i in range(500)]
         results = [f.result() for f in futures]
         assert len({r.id for r in results}) == 500 and p.batches_sent >= 5
+        # (pending: by key is the pending message with that key)
         assert (await client.get_key(topic, "k499")).text == "m499"
 
 
