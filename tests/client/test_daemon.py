@@ -243,9 +243,11 @@ def test_sync_consumer_and_lease_extension(daemon: DaemonProcess) -> None:
 def test_cli_against_daemon(daemon: DaemonProcess, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     topic = fresh()
     f = tmp_path / "m.jsonl"
-    f.write_text("".join(json.dumps({"body": f"b{i}", "key": f"k{i}"}) + "\n" for i in range(50)))
+    f.write_text("".join(json.dumps({"body": f"b{i}", "key": f"k{i}"}) + "\n" for i in range(50))
+                 + json.dumps({"body": "later", "key": "later", "delay_ms": 600_000}) + "\n")
     assert cli_main(["send", topic, "--file", str(f), "--url", daemon.url]) == 0
-    assert cli_main(["get", "--topic", topic, "--key", "k7", "--url", daemon.url, "--json"]) == 0
+    # By key is the pending message with that key: the one not due yet.
+    assert cli_main(["get", "--topic", topic, "--key", "later", "--url", daemon.url, "--json"]) == 0
     capsys.readouterr()
     assert cli_main(["consume", topic, "g", "--count", "50", "--json", "--url", daemon.url]) == 0
     bodies = sorted(json.loads(line)["body"] for line in capsys.readouterr().out.splitlines())
