@@ -40,6 +40,7 @@ def _is_loopback(host: str) -> bool:
 async def serve(cfg: Config, clock: Clock | None = None) -> int:
     """Run until SIGTERM/SIGINT. Resources start in order and stop in reverse."""
     from delayd.broker.http import make_app
+    from delayd.broker.httpserver import JsonErrorAppRunner
     from delayd.broker.metrics import Metrics
     from delayd.broker.service import Broker
 
@@ -75,9 +76,10 @@ async def serve(cfg: Config, clock: Clock | None = None) -> int:
     access: dict[str, Any] = {"access_log": None}
     if cfg.access_log:
         access = {"access_log": logging.getLogger("delayd.access"), "access_log_format": ACCESS_LOG_FORMAT}
-    runner = web.AppRunner(app, **access, handle_signals=False, shutdown_timeout=5.0,
-                           keepalive_timeout=cfg.request_timeout_s,
-                           lingering_time=min(10.0, cfg.request_timeout_s))
+    # JsonErrorAppRunner: requests aiohttp's parser refuses are answered in the API's JSON shape too.
+    runner = JsonErrorAppRunner(app, **access, handle_signals=False, shutdown_timeout=5.0,
+                                keepalive_timeout=cfg.request_timeout_s,
+                                lingering_time=min(10.0, cfg.request_timeout_s))
     await runner.setup()
     site = web.TCPSite(runner, host, port, ssl_context=ssl_ctx, backlog=1024)
     await site.start()

@@ -16,6 +16,7 @@ from typing import Any
 import msgpack
 from delayd.broker import errors
 from delayd.broker.config import Config
+from delayd.storage import commitlog
 from delayd.storage.commitlog import Record
 from delayd.storage.store import NewMessage
 
@@ -23,11 +24,14 @@ JSON = "application/json"
 MSGPACK = "application/msgpack"
 NAME_RE = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9._\-]{0,127}")
 MESSAGE_FIELDS = {"body", "body_b64", "delay_ms", "deliver_at", "key", "tag", "headers", "replace"}
+# Per-field limits: API.md's, and where a field's commit-log length field is narrower (the tag's
+# is one byte), that too: every limit is checked in characters and in UTF-8 bytes.
+MAX_NAME_CHARS = 128  # topic and group: ASCII (NAME_RE), so also bytes; topic_len is u8
 MAX_HEADERS = 64
-MAX_HEADER_BYTES = 8 * 1024
-MAX_KEY_BYTES = 256
+MAX_HEADER_BYTES = 8 * 1024  # keys and values together, UTF-8; the packed map's u16 holds it
+MAX_KEY_BYTES = 256  # key_len is u16
 MAX_TAG_CHARS = 128
-MAX_DEPTH_HINT = 32
+MAX_TAG_BYTES = commitlog.MAX_TAG_BYTES  # 255: tag_len is one byte, so 128 "€" (384 bytes) cannot be stored
 
 
 def media_type(content_type: str | None) -> str | None:
@@ -54,22 +58,6 @@ def response_format(method: str, content_type: str | None, accept: str | None) -
     if mt is None and accept and MSGPACK in accept:
         return MSGPACK
     return JSON
-
-
-def decode(raw: bytes, fmt: str) -> Any:
-    if not raw:
-        return {}
-    try:
-        if fmt == MSGPACK:
-            return msgpack.unpackb(raw, raw=False, strict_map_key=True, max_bin_len=len(raw),
-                                   max_str_len=len(raw), max_array_len=100_000, max_map_len=100_000)
-        # JSON is UTF-8 (RFC 8259 §8.1): json.loads(bytes) would also guess UTF-16/32, so decode
-        # strictly here. A leading BOM may be ignored, which utf-8-sig does.
-        return json.loads(raw.decode("utf-8-sig"))
-    except RecursionError as e:
-        raise errors.InvalidJson("body is nested too deeply") from e
-    except (ValueError, TypeError, msgpack.UnpackException, msgpack.ExtraData) as e:
-        raise errors.InvalidJson(f"body is not valid {fmt.split('/')[1]}: {e or type(e).__name__}") from e
 
 
 def encode(obj: Any, fmt: str) -> bytes:
@@ -210,10 +198,12 @@ def parse_message(topic: str, m: Any, index: int, cfg: Config, now_ms: int) -> t
     key = m.get("key")
     if key is not None and (not isinstance(key, str) or not 1 <= len(key.encode(errors="surrogatepass"))
                             <= MAX_KEY_BYTES or _has_surrogates(key)):
-        raise bad(f"key must be a string of 1-{MAX_KEY_BYTES} UTF-8 bytes")
+        raise bad(f"key must be a string of 1-{MAX_KEY_BYTES} UTF-8 bytes{_size(key)}")
     tag = m.get("tag")
-    if tag is not None and (not isinstance(tag, str) or len(tag) > MAX_TAG_CHARS or _has_surrogates(tag)):
-        raise bad(f"tag must be a string of at most {MAX_TAG_CHARS} characters")
+    if tag is not None and (not isinstance(tag, str) or len(tag) > MAX_TAG_CHARS or _has_surrogates(tag)
+                            or len(tag.encode()) > MAX_TAG_BYTES):
+        raise bad(f"tag must be a string of at most {MAX_TAG_CHARS} characters and {MAX_TAG_BYTES} UTF-8 bytes"
+                  f"{_size(tag)}")
     headers = m.get("headers")
     if headers is not None:
         if not isinstance(headers, dict) or len(headers) > MAX_HEADERS:
@@ -224,7 +214,7 @@ def parse_message(topic: str, m: Any, index: int, cfg: Config, now_ms: int) -> t
                 raise bad("headers keys and values must be strings")
             size += len(k.encode()) + len(v.encode())
         if size > MAX_HEADER_BYTES:
-            raise bad(f"headers exceed {MAX_HEADER_BYTES} bytes together")
+            raise bad(f"headers exceed {MAX_HEADER_BYTES} UTF-8 bytes together (keys and values: {size})")
         headers = headers or None
     replace = m.get("replace", False)
     if not isinstance(replace, bool):
@@ -256,6 +246,13 @@ def parse_iso_time(text: str) -> int | None:
         return None
     ms = int((frac or "0").ljust(3, "0")[:3])
     return (when - EPOCH) // timedelta(milliseconds=1) + ms
+
+
+def _size(v: Any) -> str:
+    """ " (it is N characters, M bytes)" for a string that broke a limit: which of the two it broke."""
+    if not isinstance(v, str):
+        return ""
+    return f" (it is {len(v)} characters, {len(v.encode(errors='surrogatepass'))} bytes)"
 
 
 def _has_surrogates(s: str) -> bool:

@@ -12,9 +12,15 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from delayd.storage import commitlog
 from delayd.storage.store import StoreConfig
 
 DAY_MS = 86_400_000
+# Room a record needs beside its body (header, topic, tag, key, packed headers: under 10 KB).
+MAX_BODY_BYTES = commitlog.MAX_RECORD - 64 * 1024
+# Room for a message's other fields in a request beside its body (field names, a delay, a short
+# key or tag): the check that one message of max_body_bytes fits, not a promise for every message.
+MESSAGE_OVERHEAD_BYTES = 1024
 FSYNC_POLICIES = ("always", "interval", "never")
 RIGHTS = ("produce", "consume", "admin")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -53,7 +59,14 @@ class Config:
     max_delay_ms: int = 3650 * DAY_MS
     # limits
     max_body_bytes: int = 1024 * 1024
-    max_request_bytes: int = 64 * 1024 * 1024
+    # The largest produce request: a batch of 10,000 messages of about 1.6 KB each, or a few large
+    # ones (a body of max_body_bytes takes 4/3 of it as body_b64). Everything in a request is held
+    # in memory while it is decoded (see broker.bodies).
+    max_request_bytes: int = 16 * 1024 * 1024
+    # Map keys, map values and array items in one request: what a request may cost in Python
+    # objects (tens of bytes each), whatever its size in bytes. A message with a body, a delay, a
+    # key, a tag and N headers takes 11 + 2N: 10,000 messages with 7 headers each take 250,000.
+    max_request_elements: int = 250_000
     max_batch: int = 10_000
     max_unindexed_bytes: int = 1024 * 1024 * 1024
     request_timeout_s: float = 60.0
@@ -113,6 +126,15 @@ class Config:
             raise ConfigError("node_id must be non-empty and alphanumeric")
         if not 1 <= self.push_max_in_flight <= 10_000:
             raise ConfigError("push_max_in_flight must be within 1..10000")
+        if not 1 <= self.max_body_bytes <= MAX_BODY_BYTES:
+            raise ConfigError(f"max_body_bytes must be within 1..{MAX_BODY_BYTES} (a commit-log record holds "
+                              f"at most {commitlog.MAX_RECORD} bytes)")
+        one_message = -(-self.max_body_bytes // 3) * 4 + MESSAGE_OVERHEAD_BYTES
+        if self.max_request_bytes < one_message:
+            raise ConfigError(f"max_request_bytes must be at least {one_message}: one message of max_body_bytes "
+                              f"must fit in a request, also as body_b64 in JSON")
+        if self.max_request_elements < 1000:
+            raise ConfigError("max_request_elements must be at least 1,000")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ConfigError("tls_cert and tls_key go together")
         for t in self.tokens:

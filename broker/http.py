@@ -18,10 +18,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from aiohttp import web
-from delayd.broker import codec, errors, pushconfig
+from delayd.broker import bodies, codec, errors, pushconfig
 from delayd.broker.config import Config, Token
 from delayd.broker.openapi import spec
 from delayd.broker.service import Broker
+from delayd.storage.commitlog import Record
 from delayd.storage.errors import DiskFull, StorageError
 
 log = logging.getLogger("delayd.http")
@@ -64,21 +65,64 @@ def fmt_of(request: web.Request) -> str:
     return codec.response_format(request.method, request.headers.get("Content-Type"), request.headers.get("Accept"))
 
 
-async def read_body(request: web.Request) -> Any:
+async def read_raw(request: web.Request, limit: int) -> bytearray:
+    """The request body, at most `limit` bytes: 413 before reading anything when Content-Length
+    says more (a client must not be able to make us wait for, or drain, 70 MB we will refuse),
+    and while reading a chunked or compressed body that turns out longer."""
+    if request.content_length is not None and request.content_length > limit:
+        raise errors.TooLarge(f"the request body is {request.content_length} bytes, the limit is {limit}")
     timeout_s = request.app[CONFIG].request_timeout_s
+    # With a Content-Length (and no Content-Encoding to expand it) the buffer is allocated once:
+    # growing it chunk by chunk can cost a second copy at its peak.
+    exact = request.content_length if "Content-Encoding" not in request.headers else None
+    raw = bytearray(exact or 0)
+    got = 0
     try:
         # A client that sends headers and then stalls mid-body must not hold a handler forever.
         async with asyncio.timeout(timeout_s):
-            raw = await request.read()
+            while chunk := await request.content.readany():
+                if got + len(chunk) > limit:
+                    raise errors.TooLarge(f"the request body exceeds the limit of {limit} bytes")
+                raw[got:got + len(chunk)] = chunk
+                got += len(chunk)
     except TimeoutError:
         raise errors.RequestTimeout(f"the request body did not arrive within {timeout_s:g} s") from None
-    except ConnectionResetError:
-        # The client went away mid-body: its problem, not an unexpected failure worth a traceback.
+    except (ConnectionResetError, web.RequestPayloadError):
+        # The client went away mid-body, or sent a body that is not what its headers said.
         raise errors.BadRequest("the connection closed before the whole body arrived") from None
-    except web.HTTPRequestEntityTooLarge as e:
-        raise errors.TooLarge(f"request body exceeds {request.app[CONFIG].max_request_bytes} bytes") from e
+    if exact is not None and got < exact:
+        raise errors.BadRequest("the connection closed before the whole body arrived")
+    return raw
+
+
+async def read_body(request: web.Request) -> Any:
+    """A request body other than a produce: small (bodies.CONTROL_BODY_BYTES), decoded whole."""
+    raw = await read_raw(request, min(bodies.CONTROL_BODY_BYTES, request.app[CONFIG].max_request_bytes))
     fmt = codec.request_format(request.headers.get("Content-Type"), bool(raw))
-    return codec.decode(raw, fmt)
+    return bodies.control(raw, fmt)
+
+
+SLICE_S = 0.002  # the longest a produce body is decoded before other requests get the event loop
+
+
+async def read_produce(request: web.Request, topic: str) -> codec.Produce:
+    """A produce body, decoded and validated one message at a time within broker.bodies' limits,
+    in slices of SLICE_S between which other requests and releases go on."""
+    cfg = request.app[CONFIG]
+    raw = await read_raw(request, cfg.max_request_bytes)
+    fmt = codec.request_format(request.headers.get("Content-Type"), bool(raw))
+    now = request.app[BROKER].clock.now_ms()
+    msgs, keys, replace = [], [], []
+    deadline = time.monotonic() + SLICE_S
+    for item in bodies.produce(topic, raw, fmt, cfg, now):
+        if item is not None:
+            msgs.append(item[0])
+            keys.append(item[0].key)
+            replace.append(item[1])
+        if time.monotonic() >= deadline:
+            await asyncio.sleep(0)
+            deadline = time.monotonic() + SLICE_S
+    return codec.Produce(msgs, keys, replace)
 
 
 # -- middlewares ------------------------------------------------------------------------------
@@ -171,6 +215,22 @@ def authorize(request: web.Request, right: str, topic: str | None = None) -> Non
         raise errors.Forbidden(f"this token may not use topic {topic!r}")
 
 
+def message_of(request: web.Request, right: str) -> tuple[str, Record, str]:
+    """(id, record, state) of the message named in the path, for a token with `right`.
+
+    A message of a topic the token may not use answers exactly like a missing id (404, same
+    body): a 403 naming its topic would let any token walk the sequential ids and learn which
+    exist and what their topics are. The right itself is checked first, before the id is looked
+    up, so that its 403 says nothing about the id either."""
+    authorize(request, right)
+    message_id = request.match_info["id"]
+    rec, state = request.app[BROKER].get(message_id)
+    token: Token | None = request.get("token")
+    if token is not None and not any(fnmatch.fnmatchcase(rec.topic, p) for p in token.topics):
+        raise errors.NotFound(f"no message {message_id!r}")  # the words of Broker.get for a missing id
+    return message_id, rec, state
+
+
 def topic_of(request: web.Request) -> str:
     return codec.check_name(request.match_info["topic"], "topic")
 
@@ -183,30 +243,21 @@ def group_of(request: web.Request) -> str:
 async def produce(request: web.Request) -> web.Response:
     topic = topic_of(request)
     authorize(request, "produce", topic)
-    broker = request.app[BROKER]
-    req = codec.parse_produce(topic, await read_body(request), request.app[CONFIG], broker.clock.now_ms())
-    results = await broker.produce(req.messages, req.replace)
+    req = await read_produce(request, topic)
+    results = await request.app[BROKER].produce(req.messages, req.replace)
     return reply(request, {"messages": [{"id": r.id, "deliver_at": r.deliver_at, "duplicate": r.duplicate}
                                         for r in results]})
 
 
 async def cancel(request: web.Request) -> web.Response:
-    broker = request.app[BROKER]
-    message_id = request.match_info["id"]
-    rec, _state = broker.get(message_id)
-    authorize(request, "produce", rec.topic)
-    return reply(request, await broker.cancel(message_id))
+    message_id, _rec, _state = message_of(request, "produce")
+    return reply(request, await request.app[BROKER].cancel(message_id))
 
 
 async def get_message(request: web.Request) -> web.Response:
-    broker = request.app[BROKER]
-    message_id = request.match_info["id"]
-    rec, state = broker.get(message_id)
     token = request.get("token")
-    if token is not None and "produce" not in token.rights:
-        authorize(request, "consume", rec.topic)
-    else:
-        authorize(request, "produce", rec.topic)
+    message_id, rec, state = message_of(request, "consume" if token is not None and "produce" not in token.rights
+                                        else "produce")
     return reply(request, {**codec.message_view(message_id, rec, fmt_of(request)), "state": state})
 
 

@@ -158,7 +158,8 @@ ERRORS = {
     "405": "Method not allowed on this path",
     "408": "The request body did not arrive in time",
     "409": "Already delivered: too late to cancel (a pull on a push subscription: push_subscription)",
-    "413": "Request or body too large",
+    "413": "The body is over max_request_bytes (1 MiB for bodies other than a produce's) or "
+           "max_request_elements (docs/api.md, Limits)",
     "415": "Content-Type is neither application/json nor application/msgpack",
     "429": "Backpressure: indexing is behind; retry after Retry-After seconds",
     "503": "Recovery is still running; retry after Retry-After seconds",

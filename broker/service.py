@@ -285,8 +285,11 @@ class Broker:
             raise errors.NotFound(f"message {message_id} is no longer readable ({e})") from e
 
     def id_for_key(self, topic: str, key: str) -> str:
+        """The pending message holding `key` (API.md: GET and DELETE by key name "the pending
+        message with that key"). A delivered holder still blocks a duplicate produce for the
+        dedup window, but it is not pending: by key it is 404, not 200 `delivered` or 409."""
         holder = self._require_ready().key_holder(topic, key)
-        if holder is None:
+        if holder is None or holder[1] != MessageState.SCHEDULED:
             raise errors.NotFound(f"no pending message with key {key!r} in topic {topic!r}")
         return self.message_id(holder[0])
 

@@ -48,6 +48,10 @@ from delayd.client.shardpull import PullKey, ShardedPuller
 
 DEFAULT_URL = "http://127.0.0.1:7070"
 MAX_BATCH = 10_000  # the API's limit for one produce request
+# What one produce request is kept under when a batch is split: the broker refuses requests over
+# its max_request_bytes (default 16 MiB) and max_request_elements (default 250,000) with 413.
+REQUEST_BYTES = 8 << 20
+REQUEST_ELEMENTS = 200_000
 
 Urls = str | Sequence[str] | Mapping[str, str]
 Receipts = str | ReceivedMessage | Iterable[str | ReceivedMessage]
@@ -77,6 +81,42 @@ def receipt_list(receipts: Receipts) -> list[str]:
     if isinstance(receipts, str | ReceivedMessage):
         receipts = [receipts]
     return [r.receipt if isinstance(r, ReceivedMessage) else str(r) for r in receipts]
+
+
+def _wire_size(v: Any) -> tuple[int, int]:
+    """(estimated bytes, elements) of one wire value, in either encoding."""
+    if isinstance(v, str):
+        # In JSON, printable ASCII takes a byte a character (2 for '"' and '\\'), other text up to 4
+        # (UTF-8), and control characters 6 (\u00XX).
+        return len(v) * (1 if v.isascii() and v.isprintable() else 4 if v.isprintable() else 6) + 2, 1
+    if isinstance(v, bytes | bytearray):
+        return len(v) + 5, 1
+    if isinstance(v, Mapping):
+        size = elements = 0
+        for k, x in v.items():
+            ks, ke = _wire_size(k)
+            xs, xe = _wire_size(x)
+            size, elements = size + ks + xs + 2, elements + ke + xe
+        return size + 2, elements
+    return 20, 1
+
+
+def request_parts(indices: list[int], wires: list[dict[str, Any]]) -> list[list[int]]:
+    """`indices` in runs that each fit one produce request: at most MAX_BATCH messages,
+    REQUEST_BYTES and REQUEST_ELEMENTS (estimated; a single larger message goes alone)."""
+    parts: list[list[int]] = []
+    part: list[int] = []
+    size = elements = 0
+    for i in indices:
+        s, e = _wire_size(wires[i])
+        if part and (len(part) >= MAX_BATCH or size + s > REQUEST_BYTES or elements + e + 1 > REQUEST_ELEMENTS):
+            parts.append(part)
+            part, size, elements = [], 0, 0
+        part.append(i)
+        size, elements = size + s, elements + e + 1
+    if part:
+        parts.append(part)
+    return parts
 
 
 class AsyncClient(Listing):
@@ -199,9 +239,10 @@ class AsyncClient(Listing):
                          ) -> list[SendResult]:
         """Produce many messages; results in the same order.
 
-        One request to one broker is all-or-nothing. Across shards (and beyond 10,000 messages) the
-        batch is split; if a part fails, the exception's `index` is the position in `messages` and
-        its `partial` attribute lists the results of the parts that were stored (None elsewhere).
+        One request to one broker is all-or-nothing. Across shards, and beyond 10,000 messages or
+        about 8 MiB (REQUEST_BYTES, REQUEST_ELEMENTS), the batch is split; if a part fails, the
+        exception's `index` is the position in `messages` and its `partial` attribute lists the
+        results of the parts that were stored (None elsewhere).
         """
         msgs: list[OutgoingMessage] = []
         wires: list[dict[str, Any]] = []
@@ -225,7 +266,7 @@ class AsyncClient(Listing):
                 routes.setdefault(url, []).append(i)
         parts: list[tuple[str, list[int]]] = []
         for url, indices in routes.items():
-            parts += [(url, indices[at:at + MAX_BATCH]) for at in range(0, len(indices), MAX_BATCH)]
+            parts += [(url, part) for part in request_parts(indices, wires)]
 
         async def produce(url: str, indices: list[int]) -> list[SendResult]:
             keyed = all(msgs[i].key is not None for i in indices)

@@ -16,6 +16,7 @@ The pause is jittered exponential backoff, and never shorter than the broker's `
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 import random
 import ssl
@@ -39,6 +40,8 @@ from delayd.client.errors import (
 
 USER_AGENT = "delayd-python-client/0.1"
 
+
+LARGE_BODY_BYTES = 1024 * 1024  # aiohttp's limit for a raw bytes body (payload.TOO_LARGE_BYTES_BODY)
 
 class Retry(Enum):
     SAFE = "safe"
@@ -171,8 +174,12 @@ class Transport:
     async def _once(self, base_url: str, method: str, target: str, data: bytes | None,
                     headers: dict[str, str], timeout: aiohttp.ClientTimeout) -> Any:
         session = self._get_session()
+        # aiohttp sends raw bytes over 1 MiB in one go from the event loop (and warns): a file-like
+        # body is sent in chunks. A fresh one per attempt, so that a retry sends it whole again.
+        body: bytes | io.BytesIO | None = io.BytesIO(data) if data is not None and len(data) > LARGE_BODY_BYTES \
+            else data
         try:
-            async with session.request(method, yarl.URL(target, encoded=True), data=data, headers=headers,
+            async with session.request(method, yarl.URL(target, encoded=True), data=body, headers=headers,
                                        timeout=timeout) as resp:
                 raw = await resp.read()
                 status = resp.status

@@ -70,7 +70,7 @@ from pyspark.sql.types import (
 FORMAT = "delayd"
 DEFAULT_URL = "http://127.0.0.1:7070"
 DEFAULT_BATCH = 10_000
-DEFAULT_BATCH_BYTES = 8 << 20  # the broker takes requests up to max_request_bytes (default 64 MiB)
+DEFAULT_BATCH_BYTES = 8 << 20  # the broker takes requests up to max_request_bytes (default 16 MiB)
 MAX_BATCH = 10_000  # the broker's per-request limit (API.md)
 IDLE_RECONNECT_S = 20.0  # open a fresh connection rather than reuse one idle this long
 

@@ -24,6 +24,11 @@ and never spans two segments):
 
 Version history: 1 — original.
 
+The length fields bound what a record can carry: topic and tag at most 255 UTF-8 bytes (u8), key
+and packed headers at most 65,535 (u16), and the whole record at most MAX_RECORD. The API edge
+(broker.codec) refuses longer input with a 400; encode() refuses it too (RecordTooLarge), so a
+gap there is an error, never a struct.error or a record that recovery would later reject.
+
 Recovery scans from a hint offset, checks every CRC, skips a damaged record whose neighbours
 are intact (counted), and truncates a torn or corrupt tail (counted).
 """
@@ -39,7 +44,13 @@ from pathlib import Path
 from typing import Protocol
 
 import msgpack
-from delayd.storage.errors import ChecksumMismatch, CorruptData, TornRecord, UnsupportedVersion
+from delayd.storage.errors import (
+    ChecksumMismatch,
+    CorruptData,
+    RecordTooLarge,
+    TornRecord,
+    UnsupportedVersion,
+)
 from delayd.storage.segments import SegmentedFile
 
 RECORD_VERSION = 1
@@ -50,6 +61,11 @@ _LEN_CRC = struct.Struct("<II")
 _REST = struct.Struct("<BBHQqqHBBHHI")  # HEADER without length and crc
 MAX_RECORD = 64 * 1024 * 1024
 SCAN_CHUNK = 1 << 20
+# What the length fields can say (u8 and u16 above).
+MAX_TOPIC_BYTES = 0xFF
+MAX_TAG_BYTES = 0xFF
+MAX_KEY_BYTES = 0xFFFF
+MAX_HEADERS_BYTES = 0xFFFF  # the msgpack-packed map
 
 
 class RecordFlag(enum.IntFlag):
@@ -81,13 +97,29 @@ class Record:
     flags: int = 0
 
 
+def _too_large(seq: int, topic: bytes, tag: bytes, key: bytes, hdrs: bytes, body: bytes) -> RecordTooLarge:
+    """Which field does not fit (for the error message); called only when one does not."""
+    for name, value, limit in (("topic", topic, MAX_TOPIC_BYTES), ("tag", tag, MAX_TAG_BYTES),
+                               ("key", key, MAX_KEY_BYTES), ("headers", hdrs, MAX_HEADERS_BYTES)):
+        if len(value) > limit:
+            return RecordTooLarge(f"message {seq}: {name} is {len(value)} bytes, a record holds at most {limit}")
+    size = HEADER_SIZE + len(topic) + len(tag) + len(key) + len(hdrs) + len(body)
+    return RecordTooLarge(f"message {seq}: the record would be {size} bytes, at most {MAX_RECORD}")
+
+
 def encode(rec: Record, flags: int = 0) -> bytes:
     topic = rec.topic.encode()
     tag = rec.tag.encode() if rec.tag else b""
     key = rec.key.encode() if rec.key else b""
     hdrs = msgpack.packb(rec.headers) if rec.headers else b""
-    rest = _REST.pack(RECORD_VERSION, rec.type, flags, rec.seq, rec.deliver_at, rec.produced_at, rec.roll_count,
-                      len(topic), len(tag), len(key), len(hdrs), len(rec.body)) + topic + tag + key + hdrs + rec.body
+    try:
+        rest = _REST.pack(RECORD_VERSION, rec.type, flags, rec.seq, rec.deliver_at, rec.produced_at,
+                          rec.roll_count, len(topic), len(tag), len(key), len(hdrs), len(rec.body))
+    except struct.error:
+        raise _too_large(rec.seq, topic, tag, key, hdrs, rec.body) from None
+    if HEADER_SIZE + len(topic) + len(tag) + len(key) + len(hdrs) + len(rec.body) > MAX_RECORD:
+        raise _too_large(rec.seq, topic, tag, key, hdrs, rec.body)
+    rest += topic + tag + key + hdrs + rec.body
     return _LEN_CRC.pack(len(rest) + 8, zlib.crc32(rest)) + rest
 
 
@@ -102,7 +134,8 @@ class _Message(Protocol):
 
 def encode_messages(msgs: Sequence[_Message], first_seq: int, produced_at: int, last_flags: int = 0) -> list[bytes]:
     """encode() of one produce batch: MESSAGE records with seq first_seq, first_seq + 1, ...,
-    each CONTINUED but the last (which gets `last_flags`). The same bytes, about 3x faster."""
+    each CONTINUED but the last (which gets `last_flags`). The same bytes, about 3x faster.
+    Raises RecordTooLarge (nothing of the batch is encoded) if a field does not fit."""
     out: list[bytes] = []
     topics: dict[str, bytes] = {}
     pack, crc32, len_crc = _REST.pack, zlib.crc32, _LEN_CRC.pack
@@ -113,15 +146,21 @@ def encode_messages(msgs: Sequence[_Message], first_seq: int, produced_at: int, 
             topic = topics[m.topic] = m.topic.encode()
         body = m.body
         flags = cont if i < last else last_flags
-        if m.tag or m.key or m.headers:
-            tag = m.tag.encode() if m.tag else b""
-            key = m.key.encode() if m.key else b""
-            hdrs = msgpack.packb(m.headers) if m.headers else b""
-            rest = pack(RECORD_VERSION, mtype, flags, first_seq + i, m.deliver_at, produced_at, 0, len(topic),
-                        len(tag), len(key), len(hdrs), len(body)) + topic + tag + key + hdrs + body
-        else:
-            rest = pack(RECORD_VERSION, mtype, flags, first_seq + i, m.deliver_at, produced_at, 0, len(topic),
-                        0, 0, 0, len(body)) + topic + body
+        tag = key = hdrs = b""
+        try:
+            if m.tag or m.key or m.headers:
+                tag = m.tag.encode() if m.tag else b""
+                key = m.key.encode() if m.key else b""
+                hdrs = msgpack.packb(m.headers) if m.headers else b""
+                rest = pack(RECORD_VERSION, mtype, flags, first_seq + i, m.deliver_at, produced_at, 0, len(topic),
+                            len(tag), len(key), len(hdrs), len(body)) + topic + tag + key + hdrs + body
+            else:
+                rest = pack(RECORD_VERSION, mtype, flags, first_seq + i, m.deliver_at, produced_at, 0, len(topic),
+                            0, 0, 0, len(body)) + topic + body
+        except struct.error:
+            raise _too_large(first_seq + i, topic, tag, key, hdrs, body) from None
+        if len(rest) + 8 > MAX_RECORD:
+            raise _too_large(first_seq + i, topic, tag, key, hdrs, body)
         out.append(len_crc(len(rest) + 8, crc32(rest)) + rest)
     return out
 

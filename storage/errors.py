@@ -39,6 +39,11 @@ class GeometryMismatch(StorageError):
     """A TimerWheel file was created with another precision or slot count."""
 
 
+class RecordTooLarge(StorageError):
+    """A record field is longer than its length field can hold, or the record is longer than
+    MAX_RECORD: refused before anything is written (the API edge should have refused it first)."""
+
+
 class DiskFull(StorageError):
     """A write failed for lack of space (ENOSPC/EDQUOT); nothing partial was kept."""
 

@@ -5,6 +5,7 @@ three daemons s0, s1, s2. Each test uses its own topics, so the daemons are shar
 from __future__ import annotations
 
 import asyncio
+import base64
 import itertools
 import json
 import subprocess
@@ -111,6 +112,18 @@ async def test_batch(c: Either) -> None:
     assert info.value.index == 1 and info.value.status == 400
 
 
+async def test_a_batch_over_the_broker_request_limits_is_sent_in_parts(c: Either) -> None:
+    """The broker refuses a request over 16 MiB or 250,000 elements (413): send_batch splits."""
+    topic = fresh()
+    big = [{"body_b64": base64.b64encode(bytes([65 + i]) * 1_000_000).decode(), "delay_ms": 3_600_000}
+           for i in range(20)]
+    rs = await c("send_batch", topic, big)
+    assert len({r.id for r in rs}) == 20
+    assert (await c("get", rs[13].id)).body == bytes([65 + 13]) * 1_000_000
+    many = [{"body": str(i), "headers": {f"h{j}": "v" for j in range(64)}} for i in range(2500)]
+    assert len(await c("send_batch", topic, many)) == 2500  # 130 elements each: 325,000
+
+
 async def test_consume_cycle(c: Either) -> None:
     topic = fresh()
     sub = await c("subscribe", topic, "g", start="earliest", max_attempts=2)
@@ -173,9 +186,10 @@ async def test_producer(daemon: DaemonProcess) -> None:
     topic = fresh()
     async with AsyncClient(daemon.url) as client:
         async with AsyncProducer(client, linger_ms=10, max_batch=100, max_buffered=150) as p:
-            futures = [await p.send(topic, f"m{i}", key=f"k{i}") for i in range(500)]
+            futures = [await p.send(topic, f"m{i}", key=f"k{i}", delay_ms=600_000) for i in range(500)]
         results = [f.result() for f in futures]
         assert len({r.id for r in results}) == 500 and p.batches_sent >= 5
+        # (pending: by key is the pending message with that key)
         assert (await client.get_key(topic, "k499")).text == "m499"
 
 
@@ -229,9 +243,11 @@ def test_sync_consumer_and_lease_extension(daemon: DaemonProcess) -> None:
 def test_cli_against_daemon(daemon: DaemonProcess, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     topic = fresh()
     f = tmp_path / "m.jsonl"
-    f.write_text("".join(json.dumps({"body": f"b{i}", "key": f"k{i}"}) + "\n" for i in range(50)))
+    f.write_text("".join(json.dumps({"body": f"b{i}", "key": f"k{i}"}) + "\n" for i in range(50))
+                 + json.dumps({"body": "later", "key": "later", "delay_ms": 600_000}) + "\n")
     assert cli_main(["send", topic, "--file", str(f), "--url", daemon.url]) == 0
-    assert cli_main(["get", "--topic", topic, "--key", "k7", "--url", daemon.url, "--json"]) == 0
+    # By key is the pending message with that key: the one not due yet.
+    assert cli_main(["get", "--topic", topic, "--key", "later", "--url", daemon.url, "--json"]) == 0
     capsys.readouterr()
     assert cli_main(["consume", topic, "g", "--count", "50", "--json", "--url", daemon.url]) == 0
     bodies = sorted(json.loads(line)["body"] for line in capsys.readouterr().out.splitlines())

@@ -60,8 +60,14 @@ def test_cancel_and_get_by_key(daemon):
     m2 = one(daemon, "c", {"body": "y", "key": "order-3", "delay_ms": 0})
     assert not m2["duplicate"] and m2["id"] != m["id"]
     drain(daemon, "c", "g", 1, timeout_s=10)
-    status, body = daemon.request("DELETE", "/v1/topics/c/keys/order-3")
+    # Delivered: no longer "the pending message with that key" (API.md), so 404 by key — while
+    # by id it is 409 already_delivered and GET says delivered.
+    for method in ("GET", "DELETE"):
+        status, body = daemon.request(method, "/v1/topics/c/keys/order-3")
+        assert (status, body["error"]["code"]) == (404, "not_found"), (method, body)
+    status, body = daemon.request("DELETE", f"/v1/messages/{m2['id']}")
     assert status == 409 and body["error"]["code"] == "already_delivered"
+    assert daemon.request("GET", f"/v1/messages/{m2['id']}")[1]["state"] == "delivered"
 
 
 def test_dedup_window_after_delivery(daemon):
@@ -100,7 +106,7 @@ def test_cancel_by_key_racing_delivery(daemon):
     won, lost = set(), set()
     for i in range(200):
         status, body = daemon.request("DELETE", f"/v1/topics/kr/keys/k{i}")
-        assert status in (200, 409), body
+        assert status in (200, 404), body  # 404: delivered, so no pending message has the key
         (won if status == 200 else lost).add(f"k{i}")
     got = drain(daemon, "kr", "g", len(lost), timeout_s=15)
     assert not pull(daemon, "kr", "g", wait_ms=800)

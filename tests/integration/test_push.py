@@ -67,7 +67,7 @@ def envelope(hit: Hit) -> dict[str, Any]:
 
 def group_settled(api: Api, topic: str, group: str) -> bool:
     s = api.stats()["groups"].get(f"{topic}/{group}")
-    return s == {"backlog": 0, "inflight": 0, "dead": 0}
+    return s is not None and {k: s[k] for k in ("backlog", "inflight", "dead")} == {"backlog": 0, "inflight": 0, "dead": 0}
 
 
 # -- delivery -------------------------------------------------------------------------------------

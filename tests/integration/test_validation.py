@@ -195,6 +195,43 @@ def test_deliver_at_as_an_iso_8601_time_with_a_zone(api: Api, fmt: str) -> None:
     assert api.pull_until("iso-past", "g", 1, ack=True)[0]["id"] == past["id"]
 
 
+# Every length limit in characters and in UTF-8 bytes, at the limit and one past it. The bytes
+# matter where the commit log's length field is narrower than the characters allow: tag_len is one
+# byte, so a tag of 128 "é" (256 bytes) used to fail inside the encoder and answer 500.
+FIELD_LIMITS: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
+    "tag-chars": ({"tag": "t" * 128}, {"tag": "t" * 129}, "128 characters"),
+    "tag-bytes-2": ({"tag": "é" * 127 + "a"}, {"tag": "é" * 128}, "255 UTF-8 bytes"),
+    "tag-bytes-3": ({"tag": "€" * 85}, {"tag": "€" * 86}, "255 UTF-8 bytes"),
+    "tag-bytes-4": ({"tag": "😀" * 63 + "abc"}, {"tag": "😀" * 64}, "255 UTF-8 bytes"),
+    "key-chars": ({"key": "k" * 256}, {"key": "k" * 257}, "256 UTF-8 bytes"),
+    "key-bytes": ({"key": "€" * 85 + "a"}, {"key": "€" * 85 + "ab"}, "256 UTF-8 bytes"),
+    "headers-entries": ({"headers": {f"h{i}": "" for i in range(64)}},
+                        {"headers": {f"h{i}": "" for i in range(65)}}, "64"),
+    "headers-chars": ({"headers": {"a": "v" * 8191}}, {"headers": {"a": "v" * 8192}}, "8192 UTF-8 bytes"),
+    "headers-bytes": ({"headers": {"é": "€" * 2730}}, {"headers": {"é": "€" * 2730 + "a"}}, "8192 UTF-8 bytes"),
+}
+
+
+@pytest.mark.parametrize("fmt", [JSON, MSGPACK])
+@pytest.mark.parametrize("good,bad,limit", FIELD_LIMITS.values(), ids=FIELD_LIMITS.keys())
+def test_each_field_at_its_limit_and_one_past(api: Api, fmt: str, good: dict[str, Any], bad: dict[str, Any],
+                                              limit: str) -> None:
+    topic = "limits"
+    ok(api.call("POST", f"/v1/topics/{topic}/messages", {"body": "x", **good}, fmt=fmt))
+    before = produced_in(api, topic)
+    batch = {"messages": [{"body": "a"}, {"body": "b", **bad}]}
+    err = assert_error(api.call("POST", f"/v1/topics/{topic}/messages", batch, fmt=fmt), 400, "invalid_message")
+    assert err["index"] == 1 and limit in err["message"], err
+    assert produced_in(api, topic) == before
+
+
+@pytest.mark.parametrize("name", ["a" * 129, "%C3%A9", "%C3%A9" * 64])
+def test_topic_limit_in_characters_and_bytes(api: Api, name: str) -> None:
+    """Topic names are ASCII, so 128 characters are 128 bytes and fit topic_len (one byte)."""
+    ok(api.call("POST", f"/v1/topics/{'a' * 128}/messages", {"body": "x"}))
+    assert_error(api.call("POST", f"/v1/topics/{name}/messages", {"body": "x"}), 400, "invalid_name")
+
+
 def test_limits_exactly_at_the_boundary_are_accepted(api: Api) -> None:
     ok(api.call("POST", "/v1/topics/edge/messages", {
         "body": "x", "key": "k" * 256, "tag": "t" * 128, "delay_ms": MAX_DELAY_MS,

@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import shutil
 import ssl
+import statistics
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -120,8 +122,9 @@ def test_rights_per_action_and_topic(authd):
     status, body = d.request("POST", "/v1/topics/billing/messages", {"body": "b2", "delay_ms": 60_000},
                              headers=bearer(ADMIN))
     billing = body["messages"][0]["id"]
-    assert err(d, "DELETE", f"/v1/messages/{billing}", token=PRODUCER) == (403, "forbidden")
-    assert err(d, "GET", f"/v1/messages/{billing}", token=CONSUMER) == (403, "forbidden")
+    # A message of a topic the token may not use is, for that token, a missing one.
+    assert err(d, "DELETE", f"/v1/messages/{billing}", token=PRODUCER) == (404, "not_found")
+    assert err(d, "GET", f"/v1/messages/{billing}", token=CONSUMER) == (404, "not_found")
     assert d.request("DELETE", f"/v1/messages/{later}", headers=bearer(PRODUCER)) == \
         (200, {"id": later, "state": "cancelled"})
     # keys: cancel by key is produce, reading by key is produce or consume, on the topic.
@@ -155,6 +158,43 @@ def test_subscription_show_needs_consume_and_delete_needs_admin(authd):
     assert d.request("DELETE", sub, headers=bearer(ADMIN)) == (
         200, {"topic": "orders.eu", "group": "sg", "deleted": True})
     assert err(d, "GET", sub, token=CONSUMER) == (404, "not_found")
+
+
+def test_a_message_of_another_topic_answers_exactly_like_a_missing_one(authd):
+    """Ids are sequential: if a token for orders.* got 403 "may not use topic 'billing'" for an
+    existing id and 404 for a missing one, it could walk the id space and learn which messages
+    exist and their topics. Status, body (but for the id it names) and timing must match."""
+    d = authd
+    status, body = d.request("POST", "/v1/topics/billing/messages", {"body": "secret", "delay_ms": 600_000},
+                             headers=bearer(ADMIN))
+    assert status == 200, body
+    hidden = body["messages"][0]["id"]
+    node, num = hidden.split("-")
+    missing = f"{node}-{int(num, 16) + 0x100000:x}"  # never issued in this test module
+    for token in (PRODUCER, CONSUMER):
+        for method in ("GET", "DELETE"):
+            if method == "DELETE" and token == CONSUMER:
+                continue  # no produce right at all: 403 for every id, existing or not (below)
+            a = d.request(method, f"/v1/messages/{hidden}", headers=bearer(token))
+            b = d.request(method, f"/v1/messages/{missing}", headers=bearer(token))
+            assert a[0] == b[0] == 404, (method, a, b)
+            assert json.dumps(a[1]).replace(hidden, "ID") == json.dumps(b[1]).replace(missing, "ID"), (a, b)
+    # The right is checked before the id is looked up, so its 403 tells nothing either.
+    assert err(d, "DELETE", f"/v1/messages/{hidden}", token=CONSUMER) == (403, "forbidden")
+    assert err(d, "DELETE", f"/v1/messages/{missing}", token=CONSUMER) == (403, "forbidden")
+    # The DELETE that answered 404 cancelled nothing.
+    status, view = d.request("GET", f"/v1/messages/{hidden}", headers=bearer(ADMIN))
+    assert (status, view["state"]) == (200, "scheduled")
+
+    def median_s(mid: str) -> float:
+        times = []
+        for _ in range(25):
+            t0 = time.perf_counter()
+            d.request("GET", f"/v1/messages/{mid}", headers=bearer(PRODUCER))
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+    slow, fast = sorted((median_s(hidden), median_s(missing)))
+    assert slow < 10 * fast + 0.005, (slow, fast)
 
 
 def test_tokens_never_reach_the_log(authd):

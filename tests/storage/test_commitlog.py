@@ -10,7 +10,13 @@ import msgpack
 import pytest
 from delayd.storage import commitlog as cl
 from delayd.storage.commitlog import HEADER_SIZE, CommitLog, Record, RecordType, ScanReport, decode, encode
-from delayd.storage.errors import ChecksumMismatch, CorruptData, TornRecord, UnsupportedVersion
+from delayd.storage.errors import (
+    ChecksumMismatch,
+    CorruptData,
+    RecordTooLarge,
+    TornRecord,
+    UnsupportedVersion,
+)
 from delayd.storage.segments import segment_name
 
 
@@ -268,6 +274,38 @@ def test_encode_messages_matches_encode_record_by_record() -> None:
     assert [decode(r).flags for r in got] == [1, 1, 0]
     assert cl.encode_messages(msgs[:1], 1, 0, last_flags=cl.RecordFlag.CONTINUED) == \
         [encode(Record(RecordType.MESSAGE, 1, "t", b"body", 5, 0), cl.RecordFlag.CONTINUED)]
+
+
+FIELDS_AT_THEIR_LIMIT = {"topic": "t" * cl.MAX_TOPIC_BYTES, "tag": "é" * 127 + "a",
+                         "key": "€" * 21845, "headers": {"h": "v" * (cl.MAX_HEADERS_BYTES - 6)}}
+FIELDS_ONE_PAST = {"topic": "t" * 256, "tag": "é" * 128, "key": "€" * 21845 + "a",
+                   "headers": {"h": "v" * (cl.MAX_HEADERS_BYTES - 5)}}
+
+
+@pytest.mark.parametrize("field", FIELDS_AT_THEIR_LIMIT)
+def test_a_field_that_its_length_field_cannot_hold_is_refused(field: str) -> None:
+    """Second line of defence behind the API's limits: RecordTooLarge naming the field, not a
+    struct.error (which the HTTP layer answered as a 500) and not a truncated length."""
+    from delayd.storage.store import NewMessage
+    base = {"topic": "t", "tag": None, "key": None, "headers": None}
+    ok_msg = NewMessage(**{**base, field: FIELDS_AT_THEIR_LIMIT[field]}, body=b"b", deliver_at=1)  # type: ignore[arg-type]
+    rec = Record(RecordType.MESSAGE, 1, ok_msg.topic, b"b", 1, 0, 0, ok_msg.tag, ok_msg.key, ok_msg.headers)
+    assert decode(encode(rec)) == decode(cl.encode_messages([ok_msg], 1, 0)[0])
+    bad = NewMessage(**{**base, field: FIELDS_ONE_PAST[field]}, body=b"b", deliver_at=1)  # type: ignore[arg-type]
+    with pytest.raises(RecordTooLarge, match=field):
+        cl.encode_messages([ok_msg, bad], 1, 0)
+    with pytest.raises(RecordTooLarge, match=field):
+        encode(Record(RecordType.MESSAGE, 2, bad.topic, b"b", 1, 0, 0, bad.tag, bad.key, bad.headers))
+
+
+def test_a_record_over_max_record_is_refused() -> None:
+    from delayd.storage.store import NewMessage
+    body = b"x" * (cl.MAX_RECORD - HEADER_SIZE)  # the topic's byte makes it one too many
+    with pytest.raises(RecordTooLarge, match="at most"):
+        cl.encode_messages([NewMessage("t", body, 1)], 1, 0)
+    with pytest.raises(RecordTooLarge, match="at most"):
+        encode(Record(RecordType.MESSAGE, 1, "t", body))
+    assert len(encode(Record(RecordType.MESSAGE, 1, "", body))) == cl.MAX_RECORD
 
 
 def test_decode_of_a_bytearray_or_memoryview_gives_bytes() -> None:
