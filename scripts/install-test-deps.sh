@@ -6,6 +6,8 @@ command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
 # The benchmark's smoke test (tests/bench) runs a real Redis next to the daemon.
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+# Replication coordination tests (tests/broker/test_coord.py) run a real etcd.
+command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
 if [ ${#need[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
     $SUDO apt-get update -qq
