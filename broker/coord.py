@@ -121,6 +121,7 @@ class CoordStats:
     declined_not_in_isr: int = 0  # reads that found no primary while this member may not be promoted
     lost_primary: int = 0
     deposed: int = 0
+    etcd_errors: int = 0  # failed reads, watches and campaigns (each retried)
 
 
 @dataclass(frozen=True)
@@ -240,6 +241,7 @@ class Coordinator:
         self._term: _Term | None = None
         self._session = _Session()
         self._revoking: set[int] = set()
+        self._candidate_lease = 0  # granted for a campaign whose txn has not answered yet
         self._listeners: list[Callable[[RoleChange], None]] = []
         self._wake = asyncio.Event()
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -276,8 +278,9 @@ class Coordinator:
             return False
         if self._clock() < term.deadline_s:
             return True
-        self._end_term(term, Reason.LOST_PRIMARY, f"no lease renewal succeeded for {self._clock() - term.renewed_s:.3f}s "
-                                                  f"(lease {term.ttl_s}s): stopped acknowledging")
+        silent_s = self._clock() - term.renewed_s
+        self._end_term(term, Reason.LOST_PRIMARY,
+                       f"no lease renewal succeeded for {silent_s:.3f}s (lease {term.ttl_s}s): stopped acknowledging")
         return False
 
     # -- events -----------------------------------------------------------------------------
@@ -333,7 +336,10 @@ class Coordinator:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        leases = set(self._revoking) | ({self._session.lease_id} if self._session.lease_id else set())
+        if self.role is not Role.FOLLOWER:  # stopped in the middle of a campaign
+            self._set_role(Role.FOLLOWER, Reason.STOPPED, "stopping")
+        # A campaign cut short may have won with a lease it never learnt it holds: hand it back too.
+        leases = set(self._revoking) | {self._session.lease_id, self._candidate_lease} - {0}
         self._revoking.clear()
         for lease in leases:
             try:
@@ -410,14 +416,17 @@ class Coordinator:
         success = [Put(k.primary, me.to_json(), lease.id), Put(k.epoch, str(epoch).encode())]
         if bootstrap:
             success.append(Put(k.isr, Isr(epoch, (self.member,)).to_json()))
+        self._candidate_lease = lease.id
         try:
             result = await self._client.txn(compare, success)
         except CoordinationError as e:
             # Maybe it won, maybe not: revoking the lease deletes the key if it did. Nothing was
             # acknowledged in that term; the epoch it may have used is simply skipped.
+            self._candidate_lease = 0
             self._revoke_later(lease.id)
             self._set_role(Role.FOLLOWER, Reason.LOST_ELECTION, f"election txn failed: {e}")
             raise
+        self._candidate_lease = 0  # (left set when cancelled: stop() revokes it)
         if not result.succeeded:
             self._revoke_later(lease.id)
             self._set_role(Role.FOLLOWER, Reason.LOST_ELECTION, "another member changed the shard first")
@@ -454,6 +463,7 @@ class Coordinator:
         self._wake.clear()
 
     def _etcd_failed(self, e: CoordinationError) -> None:
+        self.stats.etcd_errors += 1
         if self._etcd_ok:
             log.warning("shard %s member %s: etcd: %s (retrying every %.2fs)", self.cfg.shard, self.member,
                         e, self._retry_s)

@@ -9,6 +9,7 @@ Short leases (1-2 s) keep the file quick; every wait polls a condition with a de
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -407,3 +408,34 @@ async def test_sigstop_longer_than_the_lease_then_sigcont(etcd: EtcdProcess, sho
     finally:
         proc.kill()
         proc.wait(10)
+
+
+async def test_changes_stream_the_role_changes(shard: Shard) -> None:
+    c = shard.add("a")
+    seen: list[Reason] = []
+
+    async def consume() -> None:
+        async with contextlib.aclosing(c.changes()) as changes:
+            async for change in changes:
+                seen.append(change.reason)
+                if change.role is Role.PRIMARY:
+                    return
+
+    task = asyncio.create_task(consume())
+    await asyncio.sleep(0)  # the iterator is listening from its first step on
+    await c.start()
+    await asyncio.wait_for(task, WAIT_S)
+    assert seen == [Reason.STARTED, Reason.CAMPAIGN, Reason.ELECTED]
+    assert [ch.reason for n, ch in shard.changes] == seen  # the same as the listener's
+
+
+async def test_nobody_campaigns_while_the_isr_is_unreadable(short_shard: Shard) -> None:
+    shard = short_shard
+    await shard.etcd.put(shard.keys.isr, b"{not json")
+    (a,) = await shard.start("a")
+    await until(lambda: a.stats.etcd_errors >= 2, what="a fails to read the shard, twice")
+    assert a.stats.campaigns == 0 and a.role is Role.FOLLOWER
+    assert await shard.etcd_primary() is None
+    await shard.etcd.delete(shard.keys.isr)  # an operator resets the set: a bootstrap again
+    assert await shard.primary() is a
+    assert (await a.read_isr()).members == ("a",)
