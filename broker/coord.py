@@ -290,7 +290,8 @@ class Coordinator:
         self._listeners.append(callback)
 
     async def changes(self) -> AsyncIterator[RoleChange]:
-        """Every role or primary change from now on, as an async iterator."""
+        """Every role or primary change from the iterator's first step on, as an async iterator
+        (use contextlib.aclosing to stop listening when done)."""
         queue: asyncio.Queue[RoleChange] = asyncio.Queue()
         self._listeners.append(queue.put_nowait)
         try:
