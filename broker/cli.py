@@ -132,6 +132,14 @@ def _run_serve(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"delayd: {e}", file=sys.stderr)
         return 2
+    if cfg.replication_enabled:
+        # The settings are valid (load() checked them), but only the coordination layer exists:
+        # serving alone while the operator believes every write has copies would be worse than
+        # not starting.
+        print("delayd: replication_enabled: this build has the replication settings and the etcd "
+              "coordination layer, not the replicated data path yet; it would serve unreplicated. "
+              "Start without replication (see docs/replication.md)", file=sys.stderr)
+        return 2
     host, _ = cfg.host_port
     if not _is_loopback(host) and not cfg.tokens and not cfg.insecure:
         print(f"delayd: refusing to listen on non-loopback {host} without auth tokens "

@@ -24,6 +24,9 @@ MESSAGE_OVERHEAD_BYTES = 1024
 FSYNC_POLICIES = ("always", "interval", "never")
 RIGHTS = ("produce", "consume", "admin")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+# A member name is a path element of its etcd keys (docs/replication.md).
+MEMBER_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
+ETCD_MAX_LEASE_TTL_MS = 60_000
 
 
 class ConfigError(ValueError):
@@ -89,6 +92,17 @@ class Config:
     tokens: tuple[Token, ...] = field(default=())
     tls_cert: str | None = None
     tls_key: str | None = None
+    # replication (docs/replication.md): the shard is node_id; only the coordination layer exists yet
+    replication_enabled: bool = False
+    replication_member: str = ""  # this member's name, unique within the shard
+    replication_advertise_url: str = ""  # where clients and the other members reach this member
+    replication_etcd_endpoints: tuple[str, ...] = ()
+    replication_etcd_timeout_ms: int = 1000
+    replication_lease_ttl_ms: int = 3000  # etcd leases are whole seconds
+    replication_fence_margin_ms: int = 500
+    replication_key_prefix: str = "/delayd"
+    replication_min_insync: int = 2  # copies (the primary's included) a write needs; for the data path
+    replication_max_lag_ms: int = 10_000  # a follower further behind leaves the in-sync set; for the data path
 
     @property
     def host_port(self) -> tuple[str, int]:
@@ -102,6 +116,17 @@ class Config:
                            timerlog_segment_units=self.timerlog_segment_units,
                            ready_segment_units=self.ready_segment_units,
                            msgtable_segment_entries=self.msgtable_segment_entries)
+
+    def replication(self) -> ReplicationConfig:
+        return ReplicationConfig(enabled=self.replication_enabled, shard=self.node_id,
+                                 member=self.replication_member, advertise_url=self.replication_advertise_url,
+                                 etcd_endpoints=self.replication_etcd_endpoints,
+                                 etcd_timeout_ms=self.replication_etcd_timeout_ms,
+                                 lease_ttl_ms=self.replication_lease_ttl_ms,
+                                 fence_margin_ms=self.replication_fence_margin_ms,
+                                 key_prefix=self.replication_key_prefix,
+                                 min_insync=self.replication_min_insync,
+                                 max_lag_ms=self.replication_max_lag_ms)
 
     def validate(self) -> Config:
         if self.fsync not in FSYNC_POLICIES:
@@ -143,6 +168,64 @@ class Config:
             bad = set(t.rights) - set(RIGHTS)
             if bad:
                 raise ConfigError(f"unknown token rights {sorted(bad)}")
+        if self.replication_enabled:
+            self.replication().validate()
+        return self
+
+
+def _is_http_url(url: str) -> bool:
+    scheme, sep, rest = url.partition("://")
+    host, _, port = rest.rstrip("/").rpartition(":")
+    return bool(sep) and scheme in ("http", "https") and bool(host) and "/" not in host and port.isdigit()
+
+
+@dataclass(frozen=True)
+class ReplicationConfig:
+    """The replication settings of one member of one shard (Config.replication_*)."""
+    enabled: bool
+    shard: str
+    member: str
+    advertise_url: str
+    etcd_endpoints: tuple[str, ...]
+    etcd_timeout_ms: int = 1000
+    lease_ttl_ms: int = 3000
+    fence_margin_ms: int = 500
+    key_prefix: str = "/delayd"
+    min_insync: int = 2
+    max_lag_ms: int = 10_000
+
+    def validate(self) -> ReplicationConfig:
+        """Refuse a configuration the coordination layer cannot run safely; each message names
+        the setting (as `replication_<field>`)."""
+        if not self.shard or not all(c.isalnum() for c in self.shard):
+            raise ConfigError("node_id (the replicated shard) must be non-empty and alphanumeric")
+        if not self.member or not set(self.member) <= MEMBER_NAME_CHARS:
+            raise ConfigError("replication_member must be set: letters, digits, '_', '.', '-' "
+                              f"(not {self.member!r})")
+        if not _is_http_url(self.advertise_url):
+            raise ConfigError("replication_advertise_url must be http(s)://HOST:PORT, the address other "
+                              f"members and clients use for this member (not {self.advertise_url!r})")
+        if not self.etcd_endpoints:
+            raise ConfigError("replication_etcd_endpoints must name at least one etcd client URL")
+        for e in self.etcd_endpoints:
+            if not _is_http_url(e):
+                raise ConfigError(f"replication_etcd_endpoints: {e!r} is not http(s)://HOST:PORT")
+        if self.lease_ttl_ms % 1000 or not 1000 <= self.lease_ttl_ms <= ETCD_MAX_LEASE_TTL_MS:
+            raise ConfigError("replication_lease_ttl_ms must be whole seconds (etcd leases are) within "
+                              f"1000..{ETCD_MAX_LEASE_TTL_MS}, not {self.lease_ttl_ms}")
+        if not 0 <= self.fence_margin_ms * 2 < self.lease_ttl_ms:
+            raise ConfigError("replication_fence_margin_ms must be >= 0 and under half of "
+                              "replication_lease_ttl_ms: the primary stops acknowledging that long before "
+                              "its lease can expire, and needs the rest of the lease to renew it")
+        if not 0 < self.etcd_timeout_ms < self.lease_ttl_ms:
+            raise ConfigError("replication_etcd_timeout_ms must be > 0 and under replication_lease_ttl_ms")
+        if not self.key_prefix.startswith("/") or self.key_prefix.endswith("/"):
+            raise ConfigError(f"replication_key_prefix must start with '/' and not end with one "
+                              f"(not {self.key_prefix!r})")
+        if self.min_insync < 1:
+            raise ConfigError("replication_min_insync must be at least 1 (the primary counts)")
+        if self.max_lag_ms <= 0:
+            raise ConfigError("replication_max_lag_ms must be > 0")
         return self
 
 
@@ -157,6 +240,9 @@ def _coerce(name: str, typ: Any, raw: Any) -> Any:
         return str(raw).strip().lower() in ("1", "true", "yes", "on")
     if typ in ("str | None",):
         return None if raw in (None, "") else str(raw)
+    if typ in ("tuple[str, ...]",):  # a TOML list, or a comma-separated string from env or flags
+        items = raw.split(",") if isinstance(raw, str) else list(raw)
+        return tuple(str(i).strip() for i in items if str(i).strip())
     return str(raw)
 
 
@@ -183,6 +269,8 @@ def load(config_file: str | None = None, env: dict[str, str] | None = None,
         values["tokens"] = _tokens(auth.get("tokens"))
         for section in ("server", "storage", "timer", "limits", "consumers", "tls", "logging"):
             values.update(data.pop(section, {}) or {})
+        # [replication] keys are the settings without their prefix: `enabled`, `member`, ...
+        values.update({f"replication_{k}": v for k, v in (data.pop("replication", {}) or {}).items()})
         values.update(data)
     for name in types:
         key = "DELAYD_" + name.upper()

@@ -59,3 +59,38 @@ def from_storage(e: StorageError) -> ApiError:
     if isinstance(e, DiskFull):
         return DiskFullError(f"disk full: {e}")
     return Internal(f"storage failure: {type(e).__name__}: {e}")
+
+
+# Coordination (broker/etcd.py, broker/coord.py). These never reach a client as such: the data path
+# turns "not the primary" into its own answer; the rest are logged and retried.
+class CoordinationError(Exception):
+    """Replication coordination through etcd failed."""
+
+
+class EtcdUnavailable(CoordinationError):
+    """No etcd endpoint answered in time (connection refused, timed out, no leader)."""
+
+
+class EtcdOutcomeUnknown(EtcdUnavailable):
+    """A write was sent but its answer was lost: it may or may not have been applied."""
+
+
+class EtcdRequestFailed(CoordinationError):
+    """etcd answered with an error (its gRPC code and message are kept)."""
+
+    def __init__(self, message: str, *, code: int, http_status: int) -> None:
+        super().__init__(message)
+        self.code = code
+        self.http_status = http_status
+
+
+class EtcdWatchCanceled(CoordinationError):
+    """etcd canceled a watch (its start revision was compacted away); re-read and watch again."""
+
+
+class NotPrimary(CoordinationError):
+    """This member does not hold the shard's primary key (any more)."""
+
+
+class StaleIsr(CoordinationError):
+    """An in-sync set change lost its compare-and-swap: someone changed the set first."""
