@@ -95,7 +95,7 @@ def test_the_example_receives_verifies_and_rejects(api: Api, example: Example) -
     (forged,) = api.produce("example", {"body": "forged"})
     (dead,) = wait_until(lambda: api.dead("example", "forged"), 10, what="dead letter")
     assert (dead["id"], dead["reason"]) == (forged["id"], "push_http_401")
-    assert example.find(id=forged["id"], rejected="signature does not match")
+    wait_until(lambda: example.find(id=forged["id"], rejected="signature does not match"), 10, what="the forged one")
 
     # A replay of a once-valid delivery, signed 10 minutes ago, is refused; a fresh repeat is a duplicate.
     body = json.dumps({"id": p["id"], "topic": "example", "group": "webhook", "key": None, "tag": None,
@@ -103,8 +103,9 @@ def test_the_example_receives_verifies_and_rejects(api: Api, example: Example) -
                        "delivered_at": p["deliver_at"], "attempt": 2}).encode()
     now = int(time.time() * 1000)
     assert post(example.url, body, now - 600_000) == 401
-    assert any("replay" in x.get("rejected", "") for x in example.lines)
+    # The example prints its verdict on its own output, read by a thread: wait for the line.
+    wait_until(lambda: any("replay" in x.get("rejected", "") for x in example.lines), 10, what="the replay refused")
     assert post(example.url, body, now) == 204
-    assert example.find(id=p["id"], attempt=2, duplicate=True)
+    wait_until(lambda: example.find(id=p["id"], attempt=2, duplicate=True), 10, what="the repeat seen as a duplicate")
     assert post(example.url, body.replace(b"attempt\": 2", b"attempt\": 3"), now, signed=body) == 401, \
         "a changed body does not verify"
