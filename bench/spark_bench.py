@@ -52,7 +52,7 @@ def start_daemon(data_dir: Path, port: int, fsync: str, segment_mib: int | None)
     cmd = [
         sys.executable,
         "-m",
-        "broker",
+        "delayd",
         "serve",
         "--data-dir",
         str(data_dir),
