@@ -9,11 +9,11 @@ from delayd.broker.pipeline import InFlight, Link
 
 
 async def test_link_put_waits_while_full_and_loses_nothing():
-    link = Link("x", capacity_batches=2)
-    await link.put([1, 2], 2)
-    await link.put([3], 1)
+    link: Link[list[int]] = Link("x", capacity_batches=2)
+    await link.put([1, 2])
+    await link.put([3])
     assert link.items == 3 and len(link) == 2
-    third = asyncio.create_task(link.put([4], 1))
+    third = asyncio.create_task(link.put([4]))
     await asyncio.sleep(0)
     assert not third.done(), "a full link makes the producer wait"
     assert await link.get() == [1, 2]
@@ -23,12 +23,12 @@ async def test_link_put_waits_while_full_and_loses_nothing():
 
 
 async def test_link_wait_times_out_without_taking_an_item():
-    link = Link("x", capacity_batches=1)
+    link: Link[list[str]] = Link("x", capacity_batches=1)
     await link.wait(0.01)
     assert link.get_nowait() is None
     waiter = asyncio.create_task(link.wait(5))
     await asyncio.sleep(0)
-    await link.put(["a"], 1)
+    await link.put(["a"])
     await asyncio.wait_for(waiter, 1)
     assert link.get_nowait() == ["a"], "waiting never consumes"
 

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 from delayd.storage import segments
-from delayd.storage.errors import DiskFull
-from delayd.storage.store import NewMessage, Store
+from delayd.storage.errors import DiskFull, NotDurable
+from delayd.storage.recovery import open_store
+from delayd.storage.store import NewMessage
 
 from tests.integration.wire import MSGPACK, Api, call, daemon_log_clean, now_ms
 from tests.support.daemon import ROOT, DaemonProcess, wait_until
@@ -147,14 +148,13 @@ async def test_group_commit_refsyncs_after_a_failed_fsync(tmp_path, monkeypatch)
     synced: list[int] = []
     real_fsync = os.fsync
     monkeypatch.setattr(segments.os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd))[1])
-    store = Store(tmp_path / "data")
-    store.recover()
+    store, _report = open_store(tmp_path / "data")
     gc = GroupCommit(store, "always", 1000)
     task = asyncio.create_task(gc.run())
     try:
         store.append_messages([NewMessage("t", b"x", 0)], 0)
         fault.write_text("fsync-eio")
-        with pytest.raises(OSError):
+        with pytest.raises(NotDurable):
             await gc.durable()
         fault.write_text("")
         synced.clear()
@@ -170,8 +170,7 @@ def test_fault_hook_cuts_the_torn_half(tmp_path, monkeypatch):
     """In process: an append that hits ENOSPC half way leaves the segment as it was."""
     fault = tmp_path / "faults"
     monkeypatch.setattr(segments, "FAULTS", segments.Faults(str(fault)))
-    store = Store(tmp_path / "data")
-    store.recover()
+    store, _report = open_store(tmp_path / "data")
     try:
         store.append_messages([NewMessage("t", b"a" * 100, 0)], 0)
         end = store.commit.end

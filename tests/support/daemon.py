@@ -48,12 +48,15 @@ class DaemonProcess:
     """One `delayd serve` process with its own data directory and port.
 
     `restart()` keeps the data directory, so crash tests can `kill9()` and come back.
+    `node_id` is passed as `--node-id` (default "d", so tests about something else can spell
+    message ids); None leaves it unset, for the daemon to record or generate one.
     """
 
     def __init__(self, data_dir: Path, *, port: int | None = None, fsync: str = "always",
                  extra_args: list[str] | None = None, env: dict[str, str] | None = None,
-                 config_text: str | None = None) -> None:
+                 config_text: str | None = None, node_id: str | None = "d") -> None:
         self.data_dir = Path(data_dir)
+        self.node_id = node_id
         self.port = port or free_port()
         self.fsync = fsync
         self.extra_args = list(extra_args or [])
@@ -73,6 +76,8 @@ class DaemonProcess:
             cfg = self.data_dir.parent / f"{self.data_dir.name}-config.toml"
             cfg.write_text(self.config_text)
             cmd += ["--config", str(cfg)]
+        if self.node_id is not None and "--node-id" not in self.extra_args:
+            cmd += ["--node-id", self.node_id]
         return cmd + self.extra_args
 
     def start(self, wait_ready: bool = True, timeout_s: float = 30.0) -> DaemonProcess:
