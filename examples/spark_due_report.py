@@ -46,9 +46,10 @@ def main() -> int:
 
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from delayd.client.spark import register
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
+
+    from delayd.spark import register
 
     spark = (SparkSession.builder.master(args.master).appName("delayd-due-report")
              .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")

@@ -22,19 +22,19 @@ Version history: 1 — original.
 from __future__ import annotations
 
 import os
-import struct
 import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import msgpack
+from delayd.storage.bytetable import ByteTable
 from delayd.storage.errors import BadMagic, ChecksumMismatch, Insane, UnsupportedVersion
 from delayd.storage.segments import fsync_dir
 
 CHECKPOINT_MAGIC = 0x50434C44  # "DLCP" little-endian
 CHECKPOINT_VERSION = 1
-HEADER = struct.Struct("<IHHII")
+HEADER = ByteTable("<IHHII")
 
 
 @dataclass(slots=True)

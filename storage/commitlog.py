@@ -41,7 +41,6 @@ from __future__ import annotations
 import enum
 import logging
 import re
-import struct
 import zlib
 from array import array
 from collections.abc import Iterator, Sequence
@@ -50,21 +49,22 @@ from pathlib import Path
 from typing import Protocol
 
 import msgpack
+from delayd.storage.bytetable import ByteTable
 from delayd.storage.errors import ChecksumMismatch, CorruptData, Insane, TornRecord, UnsupportedVersion
 from delayd.storage.segments import SegmentedFile, segment_name
 
 log = logging.getLogger("delayd.storage")
 
 RECORD_VERSION = 1
-HEADER = struct.Struct("<IIBBHQqqHBBHHI")
+HEADER = ByteTable("<IIBBHQqqHBBHHI")
 HEADER_SIZE = HEADER.size  # 48
 assert HEADER_SIZE == 48
-FRAME = struct.Struct("<IIB")  # length, crc, version: the part every version keeps
+FRAME = ByteTable("<IIB")  # length, crc, version: the part every version keeps
 FRAME_SIZE = FRAME.size  # 9
 CRC_FROM = 8  # the CRC covers bytes [8, length)
-_LEN_CRC = struct.Struct("<II")
-_LENGTH = struct.Struct("<I")
-_REST = struct.Struct("<BBHQqqHBBHHI")  # HEADER without length and crc
+_LEN_CRC = ByteTable("<II")
+_LENGTH = ByteTable("<I")
+_REST = ByteTable("<BBHQqqHBBHHI")  # HEADER without length and crc
 MAX_RECORD = 64 * 1024 * 1024
 SCAN_CHUNK = 1 << 20
 # A resync considers frames of versions 1..15 only: format versions are small numbers, and the

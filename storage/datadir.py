@@ -44,7 +44,6 @@ from __future__ import annotations
 import fcntl
 import os
 import secrets
-import struct
 import time
 import zlib
 from dataclasses import dataclass
@@ -52,6 +51,7 @@ from pathlib import Path
 
 import msgpack
 from delayd.storage import checkpoint as ckpt
+from delayd.storage.bytetable import ByteTable
 from delayd.storage.errors import (
     BadMagic,
     ChecksumMismatch,
@@ -70,7 +70,7 @@ from delayd.storage.timerwheel import read_header as read_wheel_header
 
 META_MAGIC = 0x444D4C44  # "DLMD" little-endian
 META_VERSION = 2
-META_HEADER = struct.Struct("<IHHII")
+META_HEADER = ByteTable("<IHHII")
 LEGACY_NODE_ID = "d"  # the node id every daemon had before ids were recorded
 
 

@@ -42,10 +42,10 @@ from __future__ import annotations
 
 import enum
 import os
-import struct
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from delayd.storage.bytetable import ByteTable
 from delayd.storage.segments import (
     SEGMENT_HEADER_SIZE,
     SegmentFormat,
@@ -55,7 +55,7 @@ from delayd.storage.segments import (
     segment_name,
 )
 
-ENTRY = struct.Struct("<BBHIq")
+ENTRY = ByteTable("<BBHIq")
 ENTRY_SIZE = ENTRY.size
 assert ENTRY_SIZE == 16
 SEGMENT_ENTRIES = 1 << 20

@@ -33,16 +33,16 @@ magic's byte 7 is 0xff); 2 — the 32-byte segment header.
 
 from __future__ import annotations
 
-import struct
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from delayd.storage.bytetable import ByteTable
 from delayd.storage.errors import DiskFull
 from delayd.storage.segments import SegmentedFile, SegmentFormat
 
-UNIT = struct.Struct("<qIIqqQ")
+UNIT = ByteTable("<qIIqqQ")
 UNIT_SIZE = UNIT.size
 assert UNIT_SIZE == 40
 READY_VERSION = 2

@@ -39,6 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from delayd.storage.bytetable import ByteTable
 from delayd.storage.errors import (
     BadMagic,
     ChecksumMismatch,
@@ -52,7 +53,7 @@ from delayd.storage.errors import (
 log = logging.getLogger("delayd.storage")
 
 NAME_DIGITS = 20
-SEGMENT_HEADER = struct.Struct("<8sHHIQII")
+SEGMENT_HEADER = ByteTable("<8sHHIQII")
 SEGMENT_HEADER_SIZE = SEGMENT_HEADER.size
 assert SEGMENT_HEADER_SIZE == 32
 _CRC_SPAN = 28  # the header's crc covers the bytes before it

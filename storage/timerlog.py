@@ -43,10 +43,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from delayd.storage.bytetable import ByteTable
 from delayd.storage.errors import Insane
 from delayd.storage.segments import SegmentedFile, SegmentFormat
 
-UNIT = struct.Struct("<IqIqiqIIQ")
+UNIT = ByteTable("<IqIqiqIIQ")
 UNIT_SIZE = UNIT.size  # 52
 assert UNIT_SIZE == 52
 NO_POS = -1

@@ -35,19 +35,19 @@ from __future__ import annotations
 
 import mmap
 import os
-import struct
 import time
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from delayd.storage.bytetable import ByteTable
 from delayd.storage.errors import BadMagic, ChecksumMismatch, GeometryMismatch, UnsupportedVersion
 
 WHEEL_MAGIC = 0x484C5744  # "DLWH" little-endian
 WHEEL_VERSION = 1
-HEADER = struct.Struct("<IHHIIqII")
-SLOT = struct.Struct("<qqqiI")
+HEADER = ByteTable("<IHHIIqII")
+SLOT = ByteTable("<qqqiI")
 SLOT_SIZE = SLOT.size
 assert HEADER.size == 32 and SLOT_SIZE == 32
 
