@@ -21,7 +21,14 @@ from delayd.storage import checkpoint as ckpt
 from delayd.storage import inspect
 from delayd.storage.commitlog import CommitLog, RecordType, decode, find_record, scan_buffer
 from delayd.storage.datadir import LEGACY_NODE_ID, META_HEADER, META_VERSION, check_formats, read_meta
-from delayd.storage.errors import BadMagic, ChecksumMismatch, CorruptData, Insane, StorageError, UnsupportedVersion
+from delayd.storage.errors import (
+    BadMagic,
+    ChecksumMismatch,
+    CorruptData,
+    Insane,
+    StorageError,
+    UnsupportedVersion,
+)
 from delayd.storage.msgtable import MSGTABLE_FORMAT, MessageTable
 from delayd.storage.readyqueue import READY_FORMAT, ReadyQueue
 from delayd.storage.recovery import open_store
