@@ -157,27 +157,30 @@ class Faults:
     """Fault injection for the reliability tests, off unless `DELAYD_FAULT_FILE` names a file.
 
     While that file contains `enospc`, every append fails as a full disk does: half the data
-    is written, then ENOSPC (the worst case: `append` must cut the torn half off again). While
-    it contains `fsync-eio`, fsync fails with EIO. The file is read on each call, so a test
-    turns faults on and off in a running daemon by rewriting it; with no file set this costs
-    one attribute check.
+    is written, then ENOSPC (the worst case: `append` must cut the torn half off again);
+    `enospc@NAME` does the same only for segment directories named NAME (`enospc@timerlog`: the
+    commit log takes produces while indexing cannot write, as when files compete for the last
+    space). While it contains `fsync-eio`, fsync fails with EIO. The file is read on each call, so
+    a test turns faults on and off in a running daemon by rewriting it; with no file set this
+    costs one attribute check.
     """
 
     def __init__(self, path: str | None) -> None:
         self.path = path
 
-    def _active(self, fault: str) -> bool:
+    def _active(self, *faults: str) -> bool:
         if not self.path:
             return False
         try:
             with open(self.path) as f:
-                return fault in f.read().split()
+                return not set(faults).isdisjoint(f.read().split())
         except OSError:
             return False
 
-    def clip(self, data: bytes | bytearray | memoryview) -> bytes | bytearray | memoryview:
-        """What a write of `data` manages to store: all of it, or half while 'enospc'."""
-        return data[:len(data) // 2] if self._active("enospc") else data
+    def clip(self, data: bytes | bytearray | memoryview, where: str = "") -> bytes | bytearray | memoryview:
+        """What a write of `data` (into directory `where`) manages to store: all of it, or half
+        while 'enospc' (or 'enospc@where')."""
+        return data[:len(data) // 2] if self._active("enospc", f"enospc@{where}") else data
 
     def check_fsync(self) -> None:
         if self._active("fsync-eio"):
@@ -214,6 +217,7 @@ class SegmentedFile:
         if segment_bytes % unit:
             raise ValueError(f"segment_bytes {segment_bytes} is not a multiple of the unit size {unit}")
         self.directory = Path(directory)
+        self._name = self.directory.name  # for fault injection (Faults.clip)
         self.readonly = readonly
         if not readonly:
             self.directory.mkdir(parents=True, exist_ok=True)
@@ -338,7 +342,7 @@ class SegmentedFile:
         offset = self.end
         at = self._hdr[self._write_base] + self._write_size
         try:
-            written = os.pwrite(self._write_fd, FAULTS.clip(data), at)
+            written = os.pwrite(self._write_fd, FAULTS.clip(data, self._name), at)
             if written != n:
                 raise OSError(errno.ENOSPC, "short write")
         except OSError as e:
