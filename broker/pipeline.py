@@ -34,7 +34,7 @@ from typing import Generic, TypeVar
 from delayd.broker.clock import Clock
 from delayd.storage.commitlog import Record
 from delayd.storage.errors import DiskFull, NotDurable, OutOfDescriptors
-from delayd.storage.segments import fsync_all
+from delayd.storage.segments import DESCRIPTOR_ERRNOS, fsync_all
 from delayd.storage.store import Due, Store
 from delayd.storage.timerlog import Unit
 
@@ -44,6 +44,12 @@ RETRY_S = 0.5  # a stage that cannot write (disk full, no descriptors) retries t
 RELEASE_BATCH = 4096  # messages released per event-loop turn
 RESOLVE_CHUNK = 256  # units resolved per event-loop turn (a big slot must not stall releases)
 DRAIN_TIMEOUT_S = 5.0
+TRANSIENT = (DiskFull, OutOfDescriptors, OSError)  # caught by the stages; `transient` says which to retry
+
+
+def transient(e: BaseException) -> bool:
+    """A failure a stage waits out and retries: a full disk, or no file descriptor to spare."""
+    return isinstance(e, DiskFull | OutOfDescriptors) or (isinstance(e, OSError) and e.errno in DESCRIPTOR_ERRNOS)
 
 
 # ------------------------------------------------------------------------------ batches and links
@@ -282,7 +288,9 @@ class EnqueuePut(Stage):
         while records:
             try:
                 result = self.indexer.index(records, self.clock.now_ms())
-            except (DiskFull, OutOfDescriptors) as e:
+            except TRANSIENT as e:
+                if not transient(e):
+                    raise
                 # `indexed` did not move, so the same records are indexed again; a unit that
                 # made it to disk the first time is then there twice, and release drops the
                 # second (it checks the message is still scheduled). Schedule counts were not
@@ -381,7 +389,9 @@ class DequeueGetMessage(Stage):
             try:
                 res = self.dispatch.resolve(batch.units, slot_time)
                 break
-            except OutOfDescriptors as e:
+            except TRANSIENT as e:
+                if not transient(e):
+                    raise
                 if not await self.pause(e):
                     return False
         for unit, err in res.unreadable:
@@ -396,7 +406,9 @@ class DequeueGetMessage(Stage):
                 try:
                     self.dispatch.roll_forward(dataclasses.replace(rec))  # it bumps roll_count
                     break
-                except (DiskFull, OutOfDescriptors) as e:
+                except TRANSIENT as e:
+                    if not transient(e):
+                        raise
                     if not await self.pause(e):
                         return False
             self.rolled += 1
@@ -461,7 +473,9 @@ class DequeuePut(Stage):
             due.append(heapq.heappop(heap)[2])
         try:
             released = self.dispatch.release(due, now)
-        except (DiskFull, OutOfDescriptors) as e:
+        except TRANSIENT as e:
+            if not transient(e):
+                raise
             # What was released before the failing topic is marked delivered (a retry drops it);
             # the rest was not queued: hold them all and retry.
             for d in due:
@@ -517,7 +531,16 @@ class GroupCommit:
                     continue
             waiters, self._waiters = self._waiters, []
             try:
-                fds = self.store.commit_handles()  # dup(): may fail for lack of descriptors
+                try:
+                    fds = self.store.commit_handles()  # dup()s, for the fsync in a worker thread
+                except OSError as e:
+                    if e.errno not in DESCRIPTOR_ERRNOS:
+                        raise
+                    # No descriptor to spare for a dup: fsync through the open ones, here on the
+                    # event loop (a few ms), rather than fail produces for lack of descriptors.
+                    fds = []
+                    self.store.commit.files.sync_in_place()
+                    self.fsyncs += 1
                 if fds:
                     await loop.run_in_executor(None, fsync_all, fds)
                     self.fsyncs += 1

@@ -317,6 +317,8 @@ class Broker:
         assert self.store is not None
         try:
             return self.store.read_record(offset, size)
+        except OutOfDescriptors:
+            raise  # transient: 503 (broker.errors), not "gone"
         except StorageError as e:
             raise errors.NotFound(f"message {message_id} is no longer readable ({e})") from e
 
@@ -401,6 +403,8 @@ class Broker:
             st, off, size, _ = self.store.state(d.seq)
             try:
                 rec = self.store.read_record(off, size) if off >= 0 else None
+            except OutOfDescriptors:
+                raise
             except StorageError:
                 rec = None
             out.append((i, d, rec))

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from delayd.storage.commitlog import CommitLog, Record, RecordType, decode, encode
 from delayd.storage.counters import Counters, Total
-from delayd.storage.errors import CorruptData, StorageError, UnsupportedVersion
+from delayd.storage.errors import CorruptData, OutOfDescriptors, StorageError, UnsupportedVersion
 from delayd.storage.keyindex import KeyIndex
 from delayd.storage.msgtable import MessageState, MessageTable
 from delayd.storage.readyqueue import tag_hash
@@ -139,7 +139,8 @@ class Dispatch:
         """The records at (offset, size) locations, in the order asked, with one read per
         stretch of the log rather than one per record. A record that does not decode comes
         back as its error (CorruptData, or OffsetOutOfRange for a deleted segment), so one
-        unreadable message does not fail the others. A newer format version raises."""
+        unreadable message does not fail the others. A newer format version, and running out
+        of descriptors, raise: neither says anything about the record."""
         out: list[Record | StorageError | None] = [None] * len(locations)
         order = sorted(range(len(locations)), key=lambda i: locations[i][0])
         files = self.commit.files
@@ -165,8 +166,8 @@ class Dispatch:
                 try:
                     out[i] = decode(buf, off - start, off) if buf is not None and len(buf) >= end - start \
                         else self.commit.read(off, size)
-                except UnsupportedVersion:
-                    raise  # newer data is never "unreadable": it stops the daemon instead
+                except (UnsupportedVersion, OutOfDescriptors):
+                    raise  # newer data, or no descriptor right now: never "unreadable"
                 except StorageError as e:
                     out[i] = e
             j = k

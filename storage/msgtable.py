@@ -181,6 +181,13 @@ class MessageTable:
         self._hdr[segment] = hdr
         return fd
 
+    def prepare(self, first_seq: int, last_seq: int) -> None:
+        """Open (creating) the segments that entries first_seq..last_seq go to: done before the
+        commit-log append of a produce, so running out of descriptors stops it before anything
+        is stored rather than after."""
+        for seg in range(first_seq // self.segment_entries, last_seq // self.segment_entries + 1):
+            self._fd(seg)
+
     def _fd(self, segment: int) -> int:
         fd = self._open(segment, create=True)
         assert fd is not None

@@ -72,11 +72,15 @@ def list_segments(directory: Path) -> list[int]:
         names = os.listdir(directory)
     except FileNotFoundError:
         return []
+    except OSError as e:
+        if e.errno in DESCRIPTOR_ERRNOS:
+            raise OutOfDescriptors(f"cannot list {directory}: {e.strerror}") from e
+        raise
     return sorted(int(n) for n in names if len(n) == NAME_DIGITS and n.isdigit())
 
 
 def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
+    fd = open_fd(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
@@ -382,6 +386,19 @@ class SegmentedFile:
     def flush(self) -> None:
         """fsync every segment written since the last flush."""
         fsync_all(self.dirty_handles())
+
+    def sync_in_place(self) -> None:
+        """fsync every segment written since the last flush through the descriptors already
+        open (no dup: for when the process has no descriptor to spare). Blocks the caller."""
+        FAULTS.check_fsync()
+        for base in sorted(self._dirty):
+            if base == self._write_base:
+                os.fsync(self._write_fd)
+            elif base in self._read_fds:
+                os.fsync(self._read_fds[base])
+            else:
+                continue  # not open: it stays dirty for the next flush
+            self._dirty.discard(base)
 
     def has_dirty(self) -> bool:
         return bool(self._dirty)

@@ -147,9 +147,10 @@ class Store:
         either happens whole or not at all, also across a crash.
         """
         first = self.next_seq
+        n = len(msgs)
+        self.msgs.prepare(first, first + n - 1)  # no descriptor for it: refused before anything is stored
         recs = [encode(Record(RecordType.CANCEL, seq, topic, key=key, produced_at=now_ms), RecordFlag.CONTINUED)
                 for seq, topic, key in cancels]
-        n = len(msgs)
         recs += encode_messages(msgs, first, now_ms)
         offsets = self.commit.append(recs)[len(cancels):]
         self.next_seq = first + n

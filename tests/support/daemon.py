@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -50,13 +51,16 @@ class DaemonProcess:
     `restart()` keeps the data directory, so crash tests can `kill9()` and come back.
     `node_id` is passed as `--node-id` (default "d", so tests about something else can spell
     message ids); None leaves it unset, for the daemon to record or generate one.
+    `rlimit_nofile` starts the daemon with that RLIMIT_NOFILE (soft and hard).
     """
 
     def __init__(self, data_dir: Path, *, port: int | None = None, fsync: str = "always",
                  extra_args: list[str] | None = None, env: dict[str, str] | None = None,
-                 config_text: str | None = None, node_id: str | None = "d") -> None:
+                 config_text: str | None = None, node_id: str | None = "d",
+                 rlimit_nofile: int | None = None) -> None:
         self.data_dir = Path(data_dir)
         self.node_id = node_id
+        self.rlimit_nofile = rlimit_nofile
         self.port = port or free_port()
         self.fsync = fsync
         self.extra_args = list(extra_args or [])
@@ -84,7 +88,14 @@ class DaemonProcess:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
         env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
-        self.proc = subprocess.Popen(self.command(), cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        limit = self.rlimit_nofile
+
+        def preexec() -> None:
+            if limit is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
+        self.proc = subprocess.Popen(self.command(), cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                     preexec_fn=preexec if limit is not None else None)
         log.close()
         STARTED.append(self)
         if wait_ready:
@@ -101,6 +112,11 @@ class DaemonProcess:
             except (urllib.error.URLError, ConnectionError, OSError):
                 return False
         wait_until(ready, timeout_s, 0.02, "daemon /readyz")
+
+    def open_fds(self) -> int:
+        """How many descriptors the daemon process holds now (Linux /proc)."""
+        assert self.proc is not None
+        return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
 
     def log_tail(self, n: int = 60) -> str:
         try:
