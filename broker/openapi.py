@@ -50,7 +50,9 @@ STATS = obj(["scheduled", "produced_total", "delivered_total", "cancelled_total"
     "node_id": STR, "scheduled": INT, "produced_total": INT, "delivered_total": INT, "cancelled_total": INT,
     "rolled_total": INT, "lateness_ms": obj(["p50", "p99", "max"], {"p50": INT, "p99": INT, "max": INT}),
     "topics": count_map("scheduled", "delivered_total"), "groups": count_map("backlog", "inflight", "dead"),
-    "pipeline": {"type": "object", "additionalProperties": INT}, "disk_bytes": INT,
+    "pipeline": {"type": "object", "additionalProperties": INT},
+    "pipeline_state": {"type": "object", "additionalProperties": {
+        "type": "string", "enum": ["initial", "running", "waiting", "end"]}}, "disk_bytes": INT,
     "recovery_seconds": {"type": "number"}, "wall_clock_skew_ms": INT})
 SCHEDULE = obj(["buckets"], {"buckets": {"type": "array", "maxItems": 10000, "items": {
     "type": "array", "items": INT, "minItems": 2, "maxItems": 2}}})
@@ -67,7 +69,8 @@ def _op(summary: str, ok: dict[str, Any], body: dict[str, Any] | None = None,
         body_required: bool = True) -> dict[str, Any]:
     responses: dict[str, Any] = {"200": {"description": "OK", "content": {"application/json": {"schema": ok}}}}
     errors = {"400": "Bad input", "401": "Missing or wrong token", "403": "Not allowed",
-              "503": "Recovery is still running", **(extra or {})}
+              "503": "Recovery is still running (not_ready), or the broker is out of file descriptors "
+                     "(unavailable); both with Retry-After", **(extra or {})}
     if body is not None:
         errors["408"] = "The request body did not arrive in time"
         errors["415"] = "Content-Type is neither application/json nor application/msgpack"
