@@ -47,6 +47,7 @@ import msgpack
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from numpy.lib.stride_tricks import sliding_window_view
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
@@ -679,8 +680,7 @@ class DataDirReader(DataSourceReader):
                     # of a batch whose end is not there yet are held back (and never shown if the
                     # batch stays unfinished). Before damage they are shown: that batch cannot end.
                     end = scan.batch_end
-                    keep = bisect.bisect_left(scan.starts, end)
-                    scan.starts, scan.headers = scan.starts[:keep], scan.headers[:keep * HEADER_SIZE]
+                    scan.starts = scan.starts[:bisect.bisect_left(scan.starts, end)]
                 if len(scan.starts):
                     yield self._commitlog_batch(buf, seg.base + pos, scan)
                 pos += end
@@ -714,7 +714,9 @@ class DataDirReader(DataSourceReader):
     def _commitlog_batch(self, buf: bytes, base: int, scan: BufferScan) -> pa.RecordBatch:
         raw = np.frombuffer(buf, np.uint8)
         st = np.frombuffer(scan.starts, np.int64)
-        h = np.frombuffer(scan.headers, _HEADER)
+        # The records' headers as one structured array (what scan.headers() packs, gathered here
+        # by numpy without a Python loop).
+        h = sliding_window_view(raw, HEADER_SIZE)[st].view(_HEADER).reshape(-1)
         tl = h["topic_len"].astype(np.int64)
         gl = h["tag_len"].astype(np.int64)
         kl = h["key_len"].astype(np.int64)

@@ -30,7 +30,7 @@ which is never skipped, resynced over or truncated — recovery stops and the da
 start. Segments have no file header: every record carries its version.
 
 Reading: `decode` one record; `scan_buffer` a whole buffer at once into columns (record
-offsets, their packed headers, where the run of whole records ends and why) — the batch entry
+offsets — and their packed headers on demand —, where the run of whole records ends and why) — the batch entry
 point the Spark reader builds Arrow columns from; `CommitLog.scan` records from an offset,
 skipping damage (resync on the next intact record). `CommitLog(..., readonly=True)` takes no
 lock, writes and cuts nothing: the mode for tools that read next to a live daemon.
@@ -152,6 +152,7 @@ def encode_messages(msgs: Sequence[_Message], first_seq: int, produced_at: int, 
 # ------------------------------------------------------------------------------ decoding
 
 _TYPES = {int(t): t for t in RecordType}
+_FIRST_TYPE, _LAST_TYPE = min(_TYPES), max(_TYPES)
 _unpack_header = HEADER.unpack_from
 
 
@@ -231,14 +232,20 @@ class ScanStop(enum.Enum):
 @dataclass(slots=True)
 class BufferScan:
     """The whole, valid records at the start of a buffer, as columns (`scan_buffer`)."""
+    buf: bytes
     starts: array  # 'q': offset of each record in the buffer
-    headers: bytes  # their 48-byte headers, back to back (HEADER.iter_unpack, or a numpy dtype view)
     end: int  # where the run of valid records ends
     batch_end: int  # where the last complete atomic batch of the run ends (<= end)
     stop: ScanStop
 
     def __len__(self) -> int:
         return len(self.starts)
+
+    def headers(self) -> bytes:
+        """The records' 48-byte headers, back to back (HEADER.iter_unpack them, or view them with
+        a numpy dtype): the fixed fields as one packed array."""
+        buf = self.buf
+        return b"".join([buf[s:s + HEADER_SIZE] for s in self.starts])
 
 
 def scan_buffer(buf: bytes, start: int = 0, *, verify: bool = True) -> BufferScan:
@@ -254,37 +261,34 @@ def scan_buffer(buf: bytes, start: int = 0, *, verify: bool = True) -> BufferSca
     starts = array("q")
     put = starts.append
     unpack, crc32 = _unpack_header, zlib.crc32
-    mv = memoryview(buf)
     batch_end = start
     stop = ScanStop.END
     cont = int(RecordFlag.CONTINUED)
-    while pos < n:
-        if n - pos < HEADER_SIZE:
-            stop = ScanStop.CUT
-            break
+    last = n - HEADER_SIZE  # a header must fit
+    while pos <= last:
         (length, crc, version, rtype, flags, _s, _d, _p, _r, tl, gl, kl, hl, bl) = unpack(buf, pos)
+        e = pos + length
         if version != RECORD_VERSION or length != HEADER_SIZE + tl + gl + kl + hl + bl or length > MAX_RECORD \
-                or rtype not in _TYPES:
+                or not _FIRST_TYPE <= rtype <= _LAST_TYPE or e > n:
             try:  # the rare case: let decode() say which (newer version raises, damage stops)
                 decode(buf, pos, pos, verify=True)
+                stop = ScanStop.DAMAGED  # (not reached: one of the checks above failed)
             except TornRecord:
                 stop = ScanStop.CUT
             except CorruptData:
                 stop = ScanStop.DAMAGED
             break
-        e = pos + length
-        if e > n:
-            stop = ScanStop.CUT
-            break
-        if verify and crc32(mv[pos + CRC_FROM:e]) != crc:
+        if verify and crc32(buf[pos + CRC_FROM:e]) != crc:  # a bytes slice: cheaper than a memoryview here
             stop = ScanStop.DAMAGED
             break
         put(pos)
         pos = e
         if not flags & cont:
             batch_end = e
-    headers = b"".join([buf[s:s + HEADER_SIZE] for s in starts]) if starts else b""
-    return BufferScan(starts, headers, pos, batch_end, stop)
+    else:
+        if pos < n:
+            stop = ScanStop.CUT  # less than a header left
+    return BufferScan(buf, starts, pos, batch_end, stop)
 
 
 def find_record(data: bytes, start: int, offset: int = 0) -> int | None:
