@@ -28,6 +28,7 @@ from delayd.storage.readyqueue import READY_FORMAT, UNIT_SIZE, ReadyQueue, Ready
 from delayd.storage.segments import list_segments, open_fd, read_header, segment_name
 
 DEFAULT_MAX_OPEN = 256
+NO_LOW = 1 << 62  # an empty queue pins nothing
 
 
 @dataclass(slots=True)
@@ -56,6 +57,7 @@ class ReadyQueues:
         self.max_open = max(1, max_open)
         self._open: collections.OrderedDict[str, ReadyQueue] = collections.OrderedDict()
         self._bounds: dict[str, tuple[int, int]] = {}  # topic -> (start, end) unit indexes
+        self._low: dict[str, int] = {}  # topic -> lowest commit offset its units point at (when known)
         self._unsynced: set[Path] = set()  # segment files of closed queues written since the last fsync
         try:
             names = sorted(os.listdir(self.directory))
@@ -86,6 +88,22 @@ class ReadyQueues:
 
     def view(self, topic: str) -> QueueView:
         return QueueView(self, topic)
+
+    def single_segment(self, topic: str) -> bool:
+        """Whether the topic's queue is one segment (so retention has nothing to delete there).
+        From the bounds alone: segments fill to `segment_units` before the next one starts."""
+        start, end = self._bounds.get(topic, (0, 0))
+        return end <= start or (end - 1) // self.segment_units == start // self.segment_units
+
+    def low(self, topic: str) -> int:
+        """The lowest commit-log offset the topic's units point at (what pins the commit log);
+        learnt once from the files, then kept up to date by appends."""
+        low = self._low.get(topic)
+        if low is None:
+            q = self._queue(topic)
+            low = min([lo for _f, _e, lo, _r in q.segments()] + [NO_LOW]) if q is not None else NO_LOW
+            self._low[topic] = low
+        return low
 
     # -- the LRU of open queues -----------------------------------------------------------------
     def _queue(self, topic: str, create: bool = False) -> ReadyQueue | None:
@@ -136,9 +154,12 @@ class ReadyQueues:
         q = self._queue(topic, create=True)
         assert q is not None
         try:
-            return q.append(units)
+            first = q.append(units)
         finally:
             self._bounds[topic] = (q.start, q.end)
+        if topic in self._low:
+            self._low[topic] = min(self._low[topic], min(u[0] for u in units))
+        return first
 
     def delete_before(self, topic: str, index: int) -> list[int]:
         q = self._queue(topic)
@@ -146,6 +167,8 @@ class ReadyQueues:
             return []
         gone = q.delete_before(index)
         self._bounds[topic] = (q.start, q.end)
+        if gone:
+            self._low.pop(topic, None)  # learnt again from what is left
         self._unsynced -= {q.files.directory / segment_name(b) for b in gone}
         return gone
 
