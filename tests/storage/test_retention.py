@@ -24,8 +24,8 @@ def fill(topic_of_first: str, tmp_path: Path) -> tuple[list[int], int]:
         [first] = s.append_messages([NewMessage(topic_of_first, b"kept", T0 + 5)], T0)
         drv.advance(20)
         assert delivered_seqs(s) == [first]
-        for i in range(40):
-            s.append_messages([NewMessage("noise", b"n" * 200, clock[0] + 5) for _ in range(3)], clock[0])
+        for _ in range(40):
+            s.append_messages([NewMessage("noise", b"n" * 200, clock[0] + 5) for _n in range(3)], clock[0])
             drv.advance(20)
         drv.advance(20 * SMALL.roll_window_ms, checkpoint_every_ms=50)
         before = s.commit.files.bases
