@@ -13,7 +13,7 @@ from tests.storage.driver import SMALL, Driver, delivered_seqs, no_fsync
 T0 = 1_000_000
 
 
-def fill(topic_of_first: str, tmp_path: Path) -> tuple[list[int], int]:
+def fill(topic_of_first: str, tmp_path: Path) -> tuple[list[int], list[int]]:
     """One message delivered early (its record in commit segment 0), then enough traffic on
     another topic, delivered and never needed, to fill later commit segments; then time passes.
     Returns (commit segments before retention, after)."""
