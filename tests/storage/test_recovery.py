@@ -247,3 +247,35 @@ def test_after_a_stop_longer_than_the_wheel_replay_waits_for_the_wheel_instead_o
     assert [counts[q] for q in seqs] == [1, 1, 1]
     assert s.scheduled == 0
     s.close()
+
+
+def test_a_damaged_timerlog_or_message_table_header_means_a_rebuild(crashed: tuple[Path, dict],
+                                                                   clock: list[int]) -> None:
+    """Both are derived from the commit log: a segment whose header is damaged sets the
+    directory aside (kept, renamed) and recovery rebuilds it with a full rescan."""
+    d, before = crashed
+    for name in ("timerlog", "msgtable"):
+        seg = d / name / segment_name(list_segments(d / name)[0])
+        raw = bytearray(seg.read_bytes())
+        raw[20] ^= 0xFF  # inside the header: its CRC no longer matches
+        seg.write_bytes(bytes(raw))
+    s, rep = open_store(d, SMALL, lambda: clock[0])
+    assert "full rescan" in rep.checkpoint
+    assert any(p.name.startswith("timerlog.bad-") for p in d.iterdir())
+    assert any(p.name.startswith("msgtable.bad-") for p in d.iterdir())
+    counts = deliver_all(s, clock, T0 + 2_000)
+    assert set(counts) == set(before["all"]) - {before["cancelled"]} and max(counts.values()) == 1
+    s.close()
+
+
+def test_a_damaged_ready_queue_header_stops_recovery_with_the_file_named(crashed: tuple[Path, dict],
+                                                                         clock: list[int]) -> None:
+    """A ready queue records deliveries: nothing to rebuild it from, so it is not guessed at."""
+    d, _ = crashed
+    seg = d / "ready" / "orders" / segment_name(list_segments(d / "ready" / "orders")[-1])
+    raw = bytearray(seg.read_bytes())
+    raw[20] ^= 0xFF
+    seg.write_bytes(bytes(raw))
+    from delayd.storage.errors import ChecksumMismatch
+    with pytest.raises(ChecksumMismatch, match=str(seg)):
+        open_store(d, SMALL, lambda: clock[0])
