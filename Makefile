@@ -42,7 +42,7 @@ cluster-stop:
 TYPECHECK := .typecheck
 typecheck-tree:
 	rm -rf $(TYPECHECK) && mkdir -p $(TYPECHECK)/delayd
-	for f in delayd/*; do ln -s ../../$$f $(TYPECHECK)/delayd/; done
+	for f in delayd/*; do [ "$$f" = delayd/__pycache__ ] || ln -s ../../$$f $(TYPECHECK)/delayd/; done
 	for d in broker storage client; do ln -s ../../$$d $(TYPECHECK)/delayd/$$d; done
 
 lint: install-dev typecheck-tree

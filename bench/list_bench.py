@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from delayd.storage.browse import Page, Position, Query
+from delayd.storage.recovery import open_store
 from delayd.storage.store import NewMessage, Store, StoreConfig
 
 T0 = 1_700_000_000_000 - 1_700_000_000_000 % 1000  # a slot start
@@ -78,10 +79,10 @@ def fill(store: Store, n: int, far_share: float, burst: int, rare: int, batch: i
             left -= k
             appended += k
             while True:  # index as we go: the commit log is not held in memory
-                recs, _pos = store.read_records(store.indexed, 4096)
+                recs, _pos = store.commit.read_records(store.indexed, 4096)
                 if not recs:
                     break
-                assert store.index(recs, T0) == len(recs)
+                assert store.indexer.index(recs, T0).consumed == len(recs)
             if appended % 1_000_000 < batch:
                 # As the daemon does every second: the far index's queued rows go to SQLite.
                 store.checkpoint(store.load_time_ms, {})
@@ -170,8 +171,7 @@ def main() -> None:
     burst = min(args.burst, args.n // 2)
     d = Path(tempfile.mkdtemp(prefix="list-bench-", dir=args.dir))
     try:
-        store = Store(d, StoreConfig(), clock_ms=lambda: T0)
-        store.recover()
+        store, _report = open_store(d, StoreConfig(), lambda: T0)
         print(f"filling {args.n:,} pending messages ({args.far_share:.0%} far, burst {burst:,}, rare {args.rare})")
         info = fill(store, args.n, args.far_share, burst, args.rare, args.batch, args.seed)
         print(f"  filled in {info['fill_s']} s, checkpoint {info['checkpoint_s']} s; far rows: {store.far.count():,}")

@@ -52,7 +52,7 @@ def start_daemon(data_dir: Path, port: int, fsync: str, segment_mib: int | None)
     cmd = [
         sys.executable,
         "-m",
-        "broker",
+        "delayd",
         "serve",
         "--data-dir",
         str(data_dir),
@@ -220,10 +220,11 @@ def main() -> int:
     args = ap.parse_args()
 
     os.environ.update({"SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable})
-    from delayd.client.spark import register, write
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
+
+    from delayd.spark import register, write
 
     tmp = Path(tempfile.mkdtemp(prefix="delayd-spark-bench-"))
     data_dir = tmp / "data"

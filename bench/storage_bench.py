@@ -29,7 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from delayd.storage.store import NewMessage, Store, StoreConfig
+from delayd.storage.recovery import open_store
+from delayd.storage.store import NewMessage, StoreConfig
 
 T0 = 1_700_000_000_000
 SPREAD_MS = 48 * 3_600_000
@@ -43,8 +44,7 @@ def one_run(n: int, batch: int, base_dir: str | None, seed: int) -> tuple[float,
                for _ in range(n // batch)]
     d = Path(tempfile.mkdtemp(prefix="storage-bench-", dir=base_dir))
     try:
-        store = Store(d, StoreConfig(), clock_ms=lambda: T0)
-        store.recover()
+        store, _report = open_store(d, StoreConfig(), lambda: T0)
         t0, c0 = time.perf_counter(), time.process_time()
         for b in batches:
             store.append_messages(b, T0)
@@ -52,12 +52,12 @@ def one_run(n: int, batch: int, base_dir: str | None, seed: int) -> tuple[float,
         t1, c1 = time.perf_counter(), time.process_time()
         done = 0
         while True:
-            recs, _pos = store.read_records(store.indexed, batch)
+            recs, _pos = store.commit.read_records(store.indexed, batch)
             if not recs:
                 break
-            consumed = store.index(recs, T0)
-            assert consumed == len(recs), "index blocked: the bench must stay inside the wheel"
-            done += consumed
+            result = store.indexer.index(recs, T0)
+            assert not result.blocked, "index blocked: the bench must stay inside the wheel"
+            done += result.consumed
         t2, c2 = time.perf_counter(), time.process_time()
         assert done == len(batches) * batch, (done, n)
         assert store.scheduled == done

@@ -21,6 +21,7 @@ from delayd.broker import admin_token
 from delayd.broker import config as config_mod
 from delayd.broker.clock import Clock
 from delayd.broker.config import Config, ConfigError
+from delayd.storage.errors import StorageError
 
 log = logging.getLogger("delayd")
 # Client address, request line, status, response bytes, seconds, user agent. Never a header that
@@ -38,7 +39,8 @@ def _is_loopback(host: str) -> bool:
 
 
 async def serve(cfg: Config, clock: Clock | None = None) -> int:
-    """Run until SIGTERM/SIGINT. Resources start in order and stop in reverse."""
+    """Run until SIGTERM/SIGINT. One aiohttp cleanup_ctx per resource — storage, metrics,
+    pipeline — started in that order (before the port is bound) and torn down in reverse."""
     from delayd.broker.http import make_app
     from delayd.broker.httpserver import JsonErrorAppRunner
     from delayd.broker.metrics import Metrics
@@ -48,22 +50,50 @@ async def serve(cfg: Config, clock: Clock | None = None) -> int:
     broker = Broker(cfg, clock)
     metrics = Metrics(broker)
     app = make_app(broker, cfg, metrics)
+    recovery: asyncio.Task[None] | None = None
+    starting: asyncio.Task[None] | None = None
 
-    async def broker_ctx(_app: web.Application) -> AsyncIterator[None]:
-        # Start recovery in the background: /healthz answers and /readyz says 503 meanwhile.
-        starting = asyncio.create_task(broker.start())
-        app["starting"] = starting
+    async def storage_ctx(_app: web.Application) -> AsyncIterator[None]:
+        nonlocal recovery
+        # The data directory first, before the port is bound and before "listening" is logged:
+        # a directory in use (LOCK), from a newer build, or of another node fails right here.
+        broker.open()
+        # Recovery runs in the background: /healthz answers and /readyz says 503 meanwhile.
+        recovery = asyncio.create_task(broker.recover(), name="recovery")
         yield
-        if not starting.done():
-            starting.cancel()
-        await asyncio.gather(starting, return_exceptions=True)
-        summary = await broker.stop()
+        if not recovery.done():
+            recovery.cancel()
+        await asyncio.gather(recovery, return_exceptions=True)
+        summary = broker.close_storage()
         if summary:
             log.info("shutdown ◆ %d produced ◆ %d delivered ◆ %d cancelled ◆ %d scheduled ◆ up %.1fs",
                      summary["produced"], summary["delivered"], summary["cancelled"], summary["scheduled"],
                      time.monotonic() - t0)
 
-    app.cleanup_ctx.append(broker_ctx)
+    async def metrics_ctx(_app: web.Application) -> AsyncIterator[None]:
+        # Observes releases while the pipeline runs: on before it starts, off after it drained.
+        if metrics not in broker.listeners:
+            broker.listeners.append(metrics)
+        yield
+        if metrics in broker.listeners:
+            broker.listeners.remove(metrics)
+
+    async def pipeline_ctx(_app: web.Application) -> AsyncIterator[None]:
+        nonlocal starting
+
+        async def start_when_recovered() -> None:
+            assert recovery is not None
+            await recovery
+            broker.start_pipeline()
+
+        starting = asyncio.create_task(start_when_recovered(), name="pipeline start")
+        yield
+        if not starting.done():
+            starting.cancel()
+        await asyncio.gather(starting, return_exceptions=True)
+        await broker.stop_pipeline()  # drains, bounded by a timeout
+
+    app.cleanup_ctx.extend([storage_ctx, metrics_ctx, pipeline_ctx])
     host, port = cfg.host_port
     ssl_ctx = None
     if cfg.tls_cert and cfg.tls_key:
@@ -80,11 +110,21 @@ async def serve(cfg: Config, clock: Clock | None = None) -> int:
     runner = JsonErrorAppRunner(app, **access, handle_signals=False, shutdown_timeout=5.0,
                                 keepalive_timeout=cfg.request_timeout_s,
                                 lingering_time=min(10.0, cfg.request_timeout_s))
-    await runner.setup()
+    try:
+        await runner.setup()  # runs the contexts' start halves: the data directory opens here
+    except StorageError as e:
+        log.error("cannot start: %s", e)
+        await runner.cleanup()
+        return 1
     site = web.TCPSite(runner, host, port, ssl_context=ssl_ctx, backlog=1024)
-    await site.start()
-    log.info("delayd listening on %s://%s:%d, data in %s, fsync %s", "https" if ssl_ctx else "http",
-             host, port, cfg.data_dir, cfg.fsync)
+    try:
+        await site.start()
+    except OSError as e:
+        log.error("cannot start: %s", e)
+        await runner.cleanup()
+        return 1
+    log.info("delayd listening on %s://%s:%d, data in %s (node %s), fsync %s", "https" if ssl_ctx else "http",
+             host, port, cfg.data_dir, broker.node_id, cfg.fsync)
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -96,15 +136,16 @@ async def serve(cfg: Config, clock: Clock | None = None) -> int:
             await asyncio.wait_for(stop.wait(), 0.5)
         except TimeoutError:
             pass
-        starting = app.get("starting")
         failed = broker.failure()
-        if starting is not None and starting.done() and not starting.cancelled() and starting.exception():
-            failed = starting.exception()
+        for task in (recovery, starting):
+            if task is not None and task.done() and not task.cancelled() and task.exception():
+                failed = task.exception()
         if failed is not None:
             log.error("fatal: %s: %s", type(failed).__name__, failed)
             code = 1
             break
-    # Stop taking new connections, answer pending long-polls, then let handlers finish.
+    # Stop taking new connections, answer pending long-polls, then let handlers finish; the
+    # contexts then stop the pipeline (drained), metrics, and storage, in that order.
     broker.stopping()
     await site.stop()
     await runner.cleanup()

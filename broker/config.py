@@ -49,7 +49,7 @@ class Config:
     listen: str = "127.0.0.1:7070"
     fsync: str = "always"
     fsync_interval_ms: int = 1000
-    node_id: str = "d"
+    node_id: str = ""  # "": the data directory's (recorded at its first start; see docs/operations.md)
     insecure: bool = False
     auto_token: bool = False  # no tokens configured: serve with a generated one (broker.admin_token)
     # logging
@@ -78,6 +78,7 @@ class Config:
     timerlog_segment_units: int = 1 << 20
     ready_segment_units: int = 1 << 18
     msgtable_segment_entries: int = 1 << 20
+    ready_queue_open_files: int = 256  # ready queues open at once; an LRU closes the rest
     checkpoint_interval_ms: int = 1000
     retention_ms: int = 3 * DAY_MS
     retention_interval_ms: int = 10_000
@@ -115,7 +116,8 @@ class Config:
                            commit_segment_bytes=self.segment_bytes,
                            timerlog_segment_units=self.timerlog_segment_units,
                            ready_segment_units=self.ready_segment_units,
-                           msgtable_segment_entries=self.msgtable_segment_entries)
+                           msgtable_segment_entries=self.msgtable_segment_entries,
+                           ready_open_files=self.ready_queue_open_files)
 
     def replication(self) -> ReplicationConfig:
         return ReplicationConfig(enabled=self.replication_enabled, shard=self.node_id,
@@ -147,8 +149,10 @@ class Config:
             raise ConfigError(f"listen must be HOST:PORT, not {self.listen!r}") from e
         if not 0 <= port < 65536:
             raise ConfigError(f"listen port {port} out of range")
-        if not self.node_id or not all(c.isalnum() for c in self.node_id):
-            raise ConfigError("node_id must be non-empty and alphanumeric")
+        if self.node_id and not all(c.isalnum() for c in self.node_id):
+            raise ConfigError("node_id must be alphanumeric (or unset: the data directory's)")
+        if not 1 <= self.ready_queue_open_files <= 1_000_000:
+            raise ConfigError("ready_queue_open_files must be within 1..1000000")
         if not 1 <= self.push_max_in_flight <= 10_000:
             raise ConfigError("push_max_in_flight must be within 1..10000")
         if not 1 <= self.max_body_bytes <= MAX_BODY_BYTES:

@@ -1,12 +1,17 @@
 """Every error the API can answer, in one place, with its HTTP status.
 
 The HTTP layer turns an ApiError into `{"error": {"code", "message"[, "index"]}}` with
-`status`; storage errors are mapped here too, so no handler needs its own try/except.
+`status`. Failures from below (storage errors, and OS errors that reach the broker) are mapped
+by one table, `STORAGE_ERRORS` / `OS_ERRORS`, in `from_exception`: no handler or service
+method needs its own try/except to choose a status.
 """
 
 from __future__ import annotations
 
-from delayd.storage.errors import DiskFull, StorageError
+import errno
+from collections.abc import Callable
+
+from delayd.storage.errors import DiskFull, NotDurable, OutOfDescriptors, RecordTooLarge, StorageError
 
 
 class ApiError(Exception):
@@ -51,14 +56,42 @@ UnsupportedMediaType = _error("UnsupportedMediaType", 415, "unsupported_media_ty
                               "Content-Type must be application/json or application/msgpack.")
 Backpressure = _error("Backpressure", 429, "backpressure", "The broker is saturated; retry after a pause.")
 NotReady = _error("NotReady", 503, "not_ready", "Recovery is still running.")
+Unavailable = _error("Unavailable", 503, "unavailable",
+                     "The broker is short of a resource (file descriptors); retry after a pause.")
 DiskFullError = _error("DiskFullError", 507, "disk_full", "The disk is full; nothing was stored.")
 Internal = _error("Internal", 500, "internal", "An unexpected failure inside the broker.")
 
 
-def from_storage(e: StorageError) -> ApiError:
-    if isinstance(e, DiskFull):
-        return DiskFullError(f"disk full: {e}")
-    return Internal(f"storage failure: {type(e).__name__}: {e}")
+RETRY_AFTER_S = 1
+
+# The one table from failures below the API to its answers: the first class that matches wins.
+STORAGE_ERRORS: tuple[tuple[type[StorageError], Callable[[StorageError], ApiError]], ...] = (
+    (DiskFull, lambda e: DiskFullError(f"disk full: {e}")),
+    (NotDurable, lambda e: DiskFullError(f"could not make the write durable: {e}")),
+    (OutOfDescriptors, lambda e: Unavailable(f"out of file descriptors ({e})", retry_after_s=RETRY_AFTER_S)),
+    (RecordTooLarge, lambda e: TooLarge(str(e))),
+    (StorageError, lambda e: Internal(f"storage failure: {type(e).__name__}: {e}")),
+)
+OS_ERRORS: dict[int, Callable[[OSError], ApiError]] = {
+    errno.ENOSPC: lambda e: DiskFullError(f"disk full: {e}"),
+    errno.EDQUOT: lambda e: DiskFullError(f"disk quota exceeded: {e}"),
+    errno.EMFILE: lambda e: Unavailable(f"out of file descriptors: {e}", retry_after_s=RETRY_AFTER_S),
+    errno.ENFILE: lambda e: Unavailable(f"the system is out of file descriptors: {e}", retry_after_s=RETRY_AFTER_S),
+}
+
+
+def from_exception(e: BaseException) -> ApiError | None:
+    """The API's answer to a failure from below, or None when the table does not know it (an
+    unexpected failure: 500, logged with its traceback)."""
+    if isinstance(e, ApiError):
+        return e
+    if isinstance(e, StorageError):
+        for cls, make in STORAGE_ERRORS:
+            if isinstance(e, cls):
+                return make(e)
+    if isinstance(e, OSError) and e.errno in OS_ERRORS:
+        return OS_ERRORS[e.errno](e)
+    return None
 
 
 # Coordination (broker/etcd.py, broker/coord.py). These never reach a client as such: the data path

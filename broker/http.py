@@ -23,7 +23,7 @@ from delayd.broker.config import Config, Token
 from delayd.broker.openapi import spec
 from delayd.broker.service import Broker
 from delayd.storage.commitlog import Record
-from delayd.storage.errors import DiskFull, StorageError
+from delayd.storage.errors import StorageError
 
 log = logging.getLogger("delayd.http")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -158,13 +158,19 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         if e.retry_after_s is not None:
             resp.headers["Retry-After"] = str(max(1, int(e.retry_after_s)))
         return resp
-    except StorageError as e:
-        # Raised below the service layer (a consumer-group event that cannot be logged):
-        # DiskFull is 507 like a produce that does not fit.
-        err = errors.from_storage(e)
-        if err.status >= 500 and not isinstance(e, DiskFull):
+    except (StorageError, OSError) as e:
+        # From below the service layer, mapped by broker.errors' one table (a full disk is 507,
+        # no descriptors 503 with Retry-After); what the table does not know is a 500 below.
+        err = errors.from_exception(e)
+        if err is None:
+            log.exception("unexpected failure serving %s %s", request.method, request.path)
+            err = errors.Internal("unexpected failure; the request may be retried")
+        elif err.status >= 500 and err.status not in (503, 507):
             log.error("storage failure serving %s %s: %s", request.method, request.path, e)
-        return reply(request, err.body(), err.status)
+        resp = reply(request, err.body(), err.status)
+        if err.retry_after_s is not None:
+            resp.headers["Retry-After"] = str(max(1, int(err.retry_after_s)))
+        return resp
     except web.HTTPException as e:
         if e.status < 400:
             raise
@@ -403,7 +409,7 @@ async def schedule(request: web.Request) -> web.Response:
 
 async def info(request: web.Request) -> web.Response:
     from delayd import __version__
-    return reply(request, {"node_id": request.app[CONFIG].node_id, "version": __version__})
+    return reply(request, {"node_id": request.app[BROKER].node_id, "version": __version__})
 
 
 async def healthz(request: web.Request) -> web.Response:

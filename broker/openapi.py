@@ -136,7 +136,10 @@ SCHEMAS: dict[str, Any] = {
         "groups": {"type": "object", "additionalProperties": obj(
             {"backlog": COUNT, "inflight": COUNT, "dead": COUNT, "oldest_unacked_age_ms": COUNT},  # oldest_unacked_age_ms: addition
             ("backlog", "inflight", "dead"))},
-        "pipeline": {"type": "object", "additionalProperties": COUNT}, "disk_bytes": COUNT,
+        "pipeline": {"type": "object", "additionalProperties": COUNT},
+        "pipeline_state": {"type": "object", "additionalProperties": {
+            "type": "string", "enum": ["initial", "running", "waiting", "end"]}},  # addition
+        "disk_bytes": COUNT,
         "recovery_seconds": {"type": "number", "minimum": 0}, "wall_clock_skew_ms": INT},
         ("scheduled", "produced_total", "delivered_total", "cancelled_total", "lateness_ms", "topics", "groups",
          "pipeline", "disk_bytes")),
@@ -162,7 +165,8 @@ ERRORS = {
            "max_request_elements (docs/api.md, Limits)",
     "415": "Content-Type is neither application/json nor application/msgpack",
     "429": "Backpressure: indexing is behind; retry after Retry-After seconds",
-    "503": "Recovery is still running; retry after Retry-After seconds",
+    "503": "Recovery is still running (not_ready), or the broker is out of file descriptors (unavailable); "
+           "retry after Retry-After seconds",
     "507": "Disk full (or a failed fsync): nothing was stored",
 }
 RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before retrying",

@@ -1,83 +1,148 @@
 """The RIP-43 timer pipeline: five stages linked by bounded queues.
 
     produce ─▶ commit log ─▶ enqueue-get ─▶ enqueue-put ─▶ TimerLog + wheel
-                                                               │
+                             RecordBatch      │ DueBatch (late)    │
     ready queue ◀─ dequeue-put ◀─ dequeue-get-message ◀─ dequeue-get (walks due slots)
+                            DueBatch                SlotBatch
 
 A full link makes the stage before it wait; nothing is ever dropped. The commit log absorbs
-bursts: produce only waits for the commit log (and its fsync), indexing catches up.
-Every stage is a small class with a name, an inbox, an outbox and counters.
+bursts: produce only waits for the commit log (and its fsync), indexing catches up. Each link
+carries one named batch type (RocketMQ passes one TimerRequest through every queue). Every stage
+is a small class with a name, an inbox, an outbox, counters and a state (INITIAL, RUNNING,
+WAITING, END), and calls one per-batch method of a storage component (Indexer.index,
+Dispatch.resolve, Dispatch.release).
+
+Stopping drains instead of cancelling: the sources (enqueue-get, dequeue-get) stop taking new
+work and close their links, each stage finishes what is in its inbox and closes its own, and
+dequeue-put releases what is already due (messages held for a later millisecond stay in the
+wheel: the checkpoint's read time keeps their slot, and they are walked again at the next start).
+`Pipeline.stop` bounds the drain with a timeout and cancels what is left after it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import enum
 import heapq
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sized
+from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from delayd.broker.clock import Clock
 from delayd.storage.commitlog import Record
-from delayd.storage.errors import CorruptData, DiskFull
-from delayd.storage.segments import fsync_all
+from delayd.storage.errors import DiskFull, NotDurable, OutOfDescriptors
+from delayd.storage.segments import DESCRIPTOR_ERRNOS, fsync_all
 from delayd.storage.store import Due, Store
+from delayd.storage.timerlog import Unit
 
 log = logging.getLogger("delayd.pipeline")
 
-DISK_FULL_RETRY_S = 0.5
-
-
+RETRY_S = 0.5  # a stage that cannot write (disk full, no descriptors) retries this often
 RELEASE_BATCH = 4096  # messages released per event-loop turn
 RESOLVE_CHUNK = 256  # units resolved per event-loop turn (a big slot must not stall releases)
+DRAIN_TIMEOUT_S = 5.0
+TRANSIENT = (DiskFull, OutOfDescriptors, OSError)  # caught by the stages; `transient` says which to retry
 
 
-class Link:
-    """A bounded queue of batches that counts items. `put` waits while full (flow control)."""
+def transient(e: BaseException) -> bool:
+    """A failure a stage waits out and retries: a full disk, or no file descriptor to spare."""
+    return isinstance(e, DiskFull | OutOfDescriptors) or (isinstance(e, OSError) and e.errno in DESCRIPTOR_ERRNOS)
 
-    def __init__(self, name: str, capacity_batches: int) -> None:
+
+# ------------------------------------------------------------------------------ batches and links
+
+@dataclass(slots=True)
+class RecordBatch:
+    """enqueue-get → enqueue-put: commit-log records in log order."""
+    records: list[Record]
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+
+@dataclass(slots=True)
+class SlotBatch:
+    """dequeue-get → dequeue-get-message: a chunk of one slot's units."""
+    slot_time: int
+    units: list[Unit]
+
+    def __len__(self) -> int:
+        return len(self.units)
+
+
+@dataclass(slots=True)
+class DueBatch:
+    """enqueue-put (late ones) and dequeue-get-message → dequeue-put: messages to release."""
+    dues: list[Due]
+
+    def __len__(self) -> int:
+        return len(self.dues)
+
+
+B = TypeVar("B", bound=Sized)
+
+
+class Link(Generic[B]):
+    """A bounded queue of batches of one type that counts items. `put` waits while full (flow
+    control). Its producers `close` it when they end; `get` then answers None once it is empty."""
+
+    def __init__(self, name: str, capacity_batches: int, producers: int = 1) -> None:
         self.name = name
         self.capacity = capacity_batches
         self.items = 0
-        self._q: deque[tuple[int, Any]] = deque()
+        self._q: deque[B] = deque()
         self._not_empty = asyncio.Event()
         self._not_full = asyncio.Event()
         self._not_full.set()
+        self._open_producers = producers
 
-    async def put(self, batch: Any, size: int) -> None:
+    async def put(self, batch: B) -> None:
         while len(self._q) >= self.capacity:
             self._not_full.clear()
             await self._not_full.wait()
-        self._q.append((size, batch))
-        self.items += size
+        self._q.append(batch)
+        self.items += len(batch)
         self._not_empty.set()
 
-    def get_nowait(self) -> Any | None:
+    def get_nowait(self) -> B | None:
         if not self._q:
             return None
-        size, batch = self._q.popleft()
-        self.items -= size
+        batch = self._q.popleft()
+        self.items -= len(batch)
         self._not_full.set()
         return batch
 
-    async def get(self) -> Any:
+    async def get(self) -> B | None:
+        """The next batch; None once every producer closed the link and it is empty."""
         while not self._q:
+            if self.closed:
+                return None
             self._not_empty.clear()
             await self._not_empty.wait()
         return self.get_nowait()
 
     async def wait(self, timeout_s: float | None) -> None:
-        """Wait until an item is there or `timeout_s` passes (never loses an item)."""
-        if self._q:
+        """Wait until an item is there (or the link closed) or `timeout_s` passes (never loses an item)."""
+        if self._q or self.closed:
             return
         self._not_empty.clear()
         try:
             await asyncio.wait_for(self._not_empty.wait(), timeout_s)
         except TimeoutError:
             pass
+
+    def close(self) -> None:
+        """One producer is done."""
+        self._open_producers -= 1
+        self._not_empty.set()
+
+    @property
+    def closed(self) -> bool:
+        return self._open_producers <= 0
 
     def __len__(self) -> int:
         return len(self._q)
@@ -112,194 +177,268 @@ class InFlight:
         return sum(self.by_slot.values())
 
 
+# ------------------------------------------------------------------------------ stages
+
+class StageState(enum.Enum):
+    """RocketMQ's timer service states."""
+    INITIAL = "initial"  # built, not started
+    RUNNING = "running"  # working on a batch
+    WAITING = "waiting"  # waiting for input, for its time, for room downstream, or for the disk
+    END = "end"  # drained (or cancelled) and finished
+
+
 class Stage:
     name = "stage"
 
-    def __init__(self, inbox: Link | None, outbox: Link | None) -> None:
-        self.inbox = inbox
-        self.outbox = outbox
+    def __init__(self) -> None:
         self.batches = 0
         self.items = 0
-        self.disk_full = 0
+        self.retries = 0
+        self.state = StageState.INITIAL
+        self.stopping = asyncio.Event()  # set by Pipeline.stop: drain and end
 
     async def run(self) -> None:
         raise NotImplementedError
 
-    async def disk_full_pause(self, e: DiskFull) -> None:
-        """A stage that cannot write waits for room and then retries the same work: nothing is
-        dropped or skipped, and the daemon stays up (produce answers 507 meanwhile)."""
-        self.disk_full += 1
-        if self.disk_full % 120 == 1:  # once a minute, not twice a second
-            log.warning("%s: disk full (%s); retrying every %.1fs", self.name, e, DISK_FULL_RETRY_S)
-        await asyncio.sleep(DISK_FULL_RETRY_S)
+    async def pause(self, e: Exception) -> bool:
+        """A stage that cannot write (disk full, out of descriptors) waits and then retries the
+        same work: nothing is dropped or skipped, and the daemon stays up (produce answers 507
+        or 503 meanwhile). Returns False when the pipeline is stopping instead: the work is
+        redone from the files at the next start."""
+        self.retries += 1
+        if self.retries % 120 == 1:  # once a minute, not twice a second
+            log.warning("%s: %s (%s); retrying every %.1fs", self.name, type(e).__name__, e, RETRY_S)
+        return not await self.sleep(RETRY_S)
+
+    async def sleep(self, seconds: float) -> bool:
+        """Wait `seconds` (WAITING); True when interrupted because the pipeline is stopping."""
+        state, self.state = self.state, StageState.WAITING
+        try:
+            await asyncio.wait_for(self.stopping.wait(), seconds)
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            self.state = state
+
+    async def put(self, link: Link[B], batch: B) -> None:
+        state, self.state = self.state, StageState.WAITING
+        try:
+            await link.put(batch)
+        finally:
+            self.state = state
 
 
 class EnqueueGet(Stage):
     """Tails the commit log from the indexed offset and hands records to enqueue-put."""
     name = "enqueue_get"
 
-    def __init__(self, store: Store, outbox: Link, appended: asyncio.Event, batch: int = 2048) -> None:
-        super().__init__(None, outbox)
-        self.store, self.appended, self.batch = store, appended, batch
+    def __init__(self, store: Store, outbox: Link[RecordBatch], appended: asyncio.Event, batch: int = 2048) -> None:
+        super().__init__()
+        self.store, self.outbox, self.appended, self.batch = store, outbox, appended, batch
         self.pos = store.indexed
 
     async def run(self) -> None:
-        assert self.outbox is not None
-        while True:
-            records, pos = self.store.read_records(self.pos, self.batch)
-            if not records:
-                self.appended.clear()
-                if self.store.commit.end > self.pos:
-                    await asyncio.sleep(0)
+        commit = self.store.commit
+        try:
+            while not self.stopping.is_set():
+                self.state = StageState.RUNNING
+                records, pos = commit.read_records(self.pos, self.batch)
+                if not records:
+                    self.appended.clear()
+                    if commit.end > self.pos:
+                        await asyncio.sleep(0)
+                        continue
+                    self.state = StageState.WAITING
+                    await self.appended.wait()  # Pipeline.stop sets it too
                     continue
-                await self.appended.wait()
-                continue
-            self.pos = pos
-            self.batches += 1
-            self.items += len(records)
-            await self.outbox.put(records, len(records))
+                self.pos = pos
+                self.batches += 1
+                self.items += len(records)
+                await self.put(self.outbox, RecordBatch(records))
+        finally:
+            self.outbox.close()
 
 
 class EnqueuePut(Stage):
-    """Writes TimerLog units and wheel slots; sends messages whose slot already passed
-    straight to dequeue-put."""
+    """Writes TimerLog units and wheel slots (Indexer.index); sends messages whose slot
+    already passed straight to dequeue-put."""
     name = "enqueue_put"
 
-    def __init__(self, store: Store, inbox: Link, late: Link, clock: Clock, inflight: InFlight) -> None:
-        super().__init__(inbox, late)
-        self.store, self.clock, self.inflight = store, clock, inflight
+    def __init__(self, store: Store, inbox: Link[RecordBatch], late: Link[DueBatch], clock: Clock,
+                 inflight: InFlight) -> None:
+        super().__init__()
+        self.indexer, self.precision_ms = store.indexer, store.cfg.precision_ms
+        self.inbox, self.outbox, self.clock, self.inflight = inbox, late, clock, inflight
 
     async def run(self) -> None:
-        assert self.inbox is not None and self.outbox is not None
-        while True:
-            records: list[Record] = await self.inbox.get()
-            while records:
-                try:
-                    n = self.store.index(records, self.clock.now_ms())
-                except DiskFull as e:
-                    # `indexed` did not move, so the same records are indexed again; a unit that
-                    # made it to disk the first time is then there twice, and release drops the
-                    # second (it checks the message is still scheduled).
-                    await self.disk_full_pause(e)
-                    continue
-                late = self.store.take_late()
-                if late:
-                    # Each is also a unit in slot `d.slot_time`, not loaded yet, and dequeue-put
-                    # marks it done there when released: count it in flight there until then, or
-                    # that release would let the checkpoint's read time pass a slot whose own
-                    # units are still held (lost on kill -9: found by the torture test).
-                    for d in late:
-                        self.inflight.add(d.slot_time, 1)
-                    await self.outbox.put(late, len(late))
-                self.items += n
-                records = records[n:]
-                if records:
-                    # The slot's previous lap is not dispatched yet (only after a long stop):
-                    # wait for dequeue-get to catch up rather than overwrite it.
-                    await asyncio.sleep(self.store.cfg.precision_ms / 1000)
-            self.batches += 1
+        try:
+            while True:
+                self.state = StageState.WAITING
+                batch = await self.inbox.get()
+                if batch is None:
+                    return
+                self.state = StageState.RUNNING
+                if not await self._index(batch.records):
+                    return
+                self.batches += 1
+        finally:
+            self.outbox.close()
+
+    async def _index(self, records: list[Record]) -> bool:
+        while records:
+            try:
+                result = self.indexer.index(records, self.clock.now_ms())
+            except TRANSIENT as e:
+                if not transient(e):
+                    raise
+                # `indexed` did not move, so the same records are indexed again; a unit that
+                # made it to disk the first time is then there twice, and release drops the
+                # second (it checks the message is still scheduled). Schedule counts were not
+                # applied, so they count once.
+                if not await self.pause(e):
+                    return False
+                continue
+            if result.late:
+                # Each is also a unit in slot `d.slot_time`, not loaded yet, and dequeue-put
+                # marks it done there when released: count it in flight there until then, or
+                # that release would let the checkpoint's read time pass a slot whose own
+                # units are still held (lost on kill -9: found by the torture test).
+                for d in result.late:
+                    self.inflight.add(d.slot_time, 1)
+                await self.put(self.outbox, DueBatch(result.late))
+            self.items += result.consumed
+            records = records[result.consumed:]
+            if result.blocked and await self.sleep(self.precision_ms / 1000):
+                # The slot's previous lap is not dispatched yet (only after a long stop): wait
+                # for dequeue-get to catch up rather than overwrite it. Stopping: redone at start.
+                return False
+        return True
 
 
 class DequeueGet(Stage):
     """Loads each slot `lookahead_ms` before it starts and passes its units on."""
     name = "dequeue_get"
 
-    def __init__(self, store: Store, outbox: Link, clock: Clock, inflight: InFlight, lookahead_ms: int) -> None:
-        super().__init__(None, outbox)
-        self.store, self.clock, self.inflight, self.lookahead_ms = store, clock, inflight, lookahead_ms
+    def __init__(self, store: Store, outbox: Link[SlotBatch], clock: Clock, inflight: InFlight,
+                 lookahead_ms: int) -> None:
+        super().__init__()
+        self.dispatch = store.dispatch
+        self.outbox, self.clock, self.inflight, self.lookahead_ms = outbox, clock, inflight, lookahead_ms
 
     async def run(self) -> None:
-        assert self.outbox is not None
         idle = 0
-        while True:
-            t = self.store.load_time_ms
-            wait_ms = t - self.lookahead_ms - self.clock.now_ms()
-            if wait_ms > 0:
-                await asyncio.sleep(wait_ms / 1000)
-                continue
-            # The slot stays "in flight" until its walk ends, so the checkpoint's read time
-            # cannot pass it while units are still to come.
-            self.inflight.add(t, 1)
-            n = 0
-            for chunk in self.store.open_slot(t, RESOLVE_CHUNK):
-                self.inflight.add(t, len(chunk))
-                n += len(chunk)
-                await self.outbox.put((t, chunk), len(chunk))
-                await asyncio.sleep(0)  # a put into a link with room does not yield by itself
-            self.inflight.done(t)
-            if n:
-                self.items += n
-                self.batches += 1
-            else:
-                idle += 1
-                if idle % 256 == 0:  # catching up over empty slots: let the loop breathe
-                    await asyncio.sleep(0)
+        try:
+            while not self.stopping.is_set():
+                t = self.dispatch.load_time_ms
+                wait_ms = t - self.lookahead_ms - self.clock.now_ms()
+                if wait_ms > 0:
+                    await self.sleep(wait_ms / 1000)
+                    continue
+                self.state = StageState.RUNNING
+                # The slot stays "in flight" until its walk ends, so the checkpoint's read time
+                # cannot pass it while units are still to come.
+                self.inflight.add(t, 1)
+                n = 0
+                for chunk in self.dispatch.open_slot(t, RESOLVE_CHUNK):
+                    self.inflight.add(t, len(chunk))
+                    n += len(chunk)
+                    await self.put(self.outbox, SlotBatch(t, chunk))
+                    await asyncio.sleep(0)  # a put into a link with room does not yield by itself
+                self.inflight.done(t)
+                if n:
+                    self.items += n
+                    self.batches += 1
+                else:
+                    idle += 1
+                    if idle % 256 == 0:  # catching up over empty slots: let the loop breathe
+                        await asyncio.sleep(0)
+        finally:
+            self.outbox.close()
 
 
 class DequeueGetMessage(Stage):
-    """Reads each unit's record: drops cancelled, delivered and stale units, rolls far ones
-    forward (re-appended to the commit log), passes due messages on."""
+    """Reads each unit's record (Dispatch.resolve): drops cancelled, delivered and stale units,
+    rolls far ones forward (re-appended to the commit log), passes due messages on."""
     name = "dequeue_get_message"
 
-    def __init__(self, store: Store, inbox: Link, outbox: Link, inflight: InFlight,
+    def __init__(self, store: Store, inbox: Link[SlotBatch], outbox: Link[DueBatch], inflight: InFlight,
                  appended: asyncio.Event) -> None:
-        super().__init__(inbox, outbox)
-        self.store, self.inflight, self.appended = store, inflight, appended
+        super().__init__()
+        self.dispatch = store.dispatch
+        self.inbox, self.outbox, self.inflight, self.appended = inbox, outbox, inflight, appended
         self.dropped = 0
         self.rolled = 0
         self.unreadable = 0
 
     async def run(self) -> None:
-        assert self.inbox is not None and self.outbox is not None
+        try:
+            while True:
+                self.state = StageState.WAITING
+                batch = await self.inbox.get()
+                if batch is None:
+                    return
+                self.state = StageState.RUNNING
+                if not await self._resolve(batch):
+                    return
+        finally:
+            self.outbox.close()
+
+    async def _resolve(self, batch: SlotBatch) -> bool:
+        slot_time = batch.slot_time
         while True:
-            slot_time, units = await self.inbox.get()
-            dues: list[Due] = []
-            for unit, r in zip(units, self.store.resolve_many(units, slot_time), strict=True):
-                if isinstance(r, CorruptData):
-                    # A damaged record (bit rot, a bad sector) loses that one message; letting
-                    # the stage die would stop delivery of all of them, again at every restart.
-                    log.error("message %d (seq): its commit-log record at %d is unreadable (%s: %s); dropped",
-                              unit.seq, unit.commit_offset, type(r).__name__, r)
-                    self.store.drop_unreadable(unit)
-                    self.unreadable += 1
-                    r = None
-                if isinstance(r, Due):
-                    dues.append(r)
-                    continue
-                if isinstance(r, Record):
-                    while True:
-                        try:
-                            self.store.roll_forward(dataclasses.replace(r))  # it bumps roll_count
-                            break
-                        except DiskFull as e:
-                            await self.disk_full_pause(e)
-                    self.rolled += 1
-                    self.appended.set()
-                else:
-                    self.dropped += 1
-                self.inflight.done(slot_time)
-            self.items += len(units)
-            self.batches += 1
-            if dues:
-                await self.outbox.put(dues, len(dues))
-            await asyncio.sleep(0)  # let dequeue-put release between chunks
+            try:
+                res = self.dispatch.resolve(batch.units, slot_time)
+                break
+            except TRANSIENT as e:
+                if not transient(e):
+                    raise
+                if not await self.pause(e):
+                    return False
+        for unit, err in res.unreadable:
+            # A damaged record (bit rot, a bad sector) loses that one message; letting the stage
+            # die would stop delivery of all of them, again at every restart.
+            log.error("message %d (seq): its commit-log record at %d is unreadable (%s: %s); dropped",
+                      unit.seq, unit.commit_offset, type(err).__name__, err)
+            self.dispatch.drop_unreadable(unit)
+        self.unreadable += len(res.unreadable)
+        for rec in res.roll:
+            while True:
+                try:
+                    self.dispatch.roll_forward(dataclasses.replace(rec))  # it bumps roll_count
+                    break
+                except TRANSIENT as e:
+                    if not transient(e):
+                        raise
+                    if not await self.pause(e):
+                        return False
+            self.rolled += 1
+            self.appended.set()
+        self.dropped += res.dropped
+        self.inflight.done(slot_time, len(batch.units) - len(res.due))
+        self.items += len(batch.units)
+        self.batches += 1
+        if res.due:
+            await self.put(self.outbox, DueBatch(res.due))
+        await asyncio.sleep(0)  # let dequeue-put release between chunks
+        return True
 
 
 class DequeuePut(Stage):
     """Holds due messages until their own `deliver_at` millisecond, then releases them into
-    their topic's ready queue. Never early: release needs clock >= deliver_at."""
+    their topic's ready queue (Dispatch.release). Never early: release needs clock >= deliver_at."""
     name = "dequeue_put"
 
-    def __init__(self, store: Store, inbox: Link, clock: Clock, inflight: InFlight, capacity: int,
+    def __init__(self, store: Store, inbox: Link[DueBatch], clock: Clock, inflight: InFlight, capacity: int,
                  on_release: Callable[[list[Due], int], None]) -> None:
-        super().__init__(inbox, None)
-        self.store, self.clock, self.inflight = store, clock, inflight
+        super().__init__()
+        self.dispatch = store.dispatch
+        self.inbox, self.clock, self.inflight = inbox, clock, inflight
         self.capacity, self.on_release = capacity, on_release
         self.heap: list[tuple[int, int, Due]] = []
         self.due_now: list[Due] = []  # already due when they arrived: no need for the heap
 
     async def run(self) -> None:
-        assert self.inbox is not None
         heap, due_now = self.heap, self.due_now
         while True:
             now = self.clock.now_ms()
@@ -307,43 +446,56 @@ class DequeuePut(Stage):
                 batch = self.inbox.get_nowait()
                 if batch is None:
                     break
-                for d in batch:
+                for d in batch.dues:
                     if d.deliver_at <= now:
                         due_now.append(d)
                     else:
                         heapq.heappush(heap, (d.deliver_at, d.seq, d))
             if due_now or (heap and heap[0][0] <= now):
-                due: list[Due] = due_now[:RELEASE_BATCH]
-                del due_now[:RELEASE_BATCH]
-                while heap and heap[0][0] <= now and len(due) < RELEASE_BATCH:
-                    due.append(heapq.heappop(heap)[2])
-                try:
-                    released = self.store.release(due, now)
-                except DiskFull as e:
-                    # Nothing of the failing topic was queued (ReadyQueue.append is all or
-                    # nothing) and what was is marked delivered: hold them all and retry.
-                    for d in due:
-                        heapq.heappush(heap, (d.deliver_at, d.seq, d))
-                    await self.disk_full_pause(e)
-                    continue
-                for d in due:
-                    self.inflight.done(d.slot_time)
-                self.items += len(released)
-                self.batches += 1
-                if released:
-                    self.on_release(released, now)
+                self.state = StageState.RUNNING
+                if not await self._release(now):
+                    return
                 await asyncio.sleep(0)
                 continue
+            if self.inbox.closed and not len(self.inbox):
+                return  # drained: what is held for later stays in the wheel (walked again at start)
+            self.state = StageState.WAITING
             timeout = None if not heap else max(0.0, (heap[0][0] - now) / 1000)
             if len(heap) >= self.capacity:
                 await asyncio.sleep(timeout or 0)
             else:
                 await self.inbox.wait(timeout)
 
+    async def _release(self, now: int) -> bool:
+        heap, due_now = self.heap, self.due_now
+        due: list[Due] = due_now[:RELEASE_BATCH]
+        del due_now[:RELEASE_BATCH]
+        while heap and heap[0][0] <= now and len(due) < RELEASE_BATCH:
+            due.append(heapq.heappop(heap)[2])
+        try:
+            released = self.dispatch.release(due, now)
+        except TRANSIENT as e:
+            if not transient(e):
+                raise
+            # What was released before the failing topic is marked delivered (a retry drops it);
+            # the rest was not queued: hold them all and retry.
+            for d in due:
+                heapq.heappush(heap, (d.deliver_at, d.seq, d))
+            return await self.pause(e)
+        for d in due:
+            self.inflight.done(d.slot_time)
+        self.items += len(released)
+        self.batches += 1
+        if released:
+            self.on_release(released, now)
+        return True
+
     @property
     def holding(self) -> int:
         return len(self.heap) + len(self.due_now)
 
+
+# ------------------------------------------------------------------------------ group commit
 
 class GroupCommit:
     """fsync policy `always`: one fsync serves every append that happened before it started.
@@ -381,8 +533,17 @@ class GroupCommit:
                 if self.policy == "never":
                     continue
             waiters, self._waiters = self._waiters, []
-            fds = self.store.commit_handles()
             try:
+                try:
+                    fds = self.store.commit_handles()  # dup()s, for the fsync in a worker thread
+                except OSError as e:
+                    if e.errno not in DESCRIPTOR_ERRNOS:
+                        raise
+                    # No descriptor to spare for a dup: fsync through the open ones, here on the
+                    # event loop (a few ms), rather than fail produces for lack of descriptors.
+                    fds = []
+                    self.store.commit.files.sync_in_place()
+                    self.fsyncs += 1
                 if fds:
                     started = time.monotonic()
                     await loop.run_in_executor(None, fsync_all, fds)
@@ -397,12 +558,16 @@ class GroupCommit:
                 self.store.commit.files.mark_dirty()
                 for w in waiters:
                     if not w.done():
-                        w.set_exception(e)
+                        err = NotDurable(f"commit-log fsync failed: {e}")
+                        err.__cause__ = e
+                        w.set_exception(err)
                 continue
             for w in waiters:
                 if not w.done():
                     w.set_result(None)
 
+
+# ------------------------------------------------------------------------------ the pipeline
 
 class Pipeline:
     """The five stages, their links, and the tasks that run them."""
@@ -413,15 +578,18 @@ class Pipeline:
         self.clock = clock
         self.appended = asyncio.Event()
         self.inflight = InFlight(store)
-        self.records = Link("enqueue_put", queue_batches)
-        self.units = Link("dequeue_get_message", queue_batches)
-        self.dues = Link("dequeue_put", queue_batches * 4)
+        self.records: Link[RecordBatch] = Link("enqueue_put", queue_batches)
+        self.units: Link[SlotBatch] = Link("dequeue_get_message", queue_batches)
+        # Two producers: enqueue-put (late ones) and dequeue-get-message.
+        self.dues: Link[DueBatch] = Link("dequeue_put", queue_batches * 4, producers=2)
+        self.enqueue_get = EnqueueGet(store, self.records, self.appended)
+        self.dequeue_put = DequeuePut(store, self.dues, clock, self.inflight, release_capacity, on_release)
         self.stages: list[Stage] = [
-            EnqueueGet(store, self.records, self.appended),
+            self.enqueue_get,
             EnqueuePut(store, self.records, self.dues, clock, self.inflight),
             DequeueGet(store, self.units, clock, self.inflight, lookahead_ms),
             DequeueGetMessage(store, self.units, self.dues, self.inflight, self.appended),
-            DequeuePut(store, self.dues, clock, self.inflight, release_capacity, on_release),
+            self.dequeue_put,
         ]
         self.tasks: list[asyncio.Task[None]] = []
 
@@ -438,23 +606,40 @@ class Pipeline:
             # A stage that dies silently would stall delivery: make it loud and fatal.
             log.exception("pipeline stage %s failed; stopping the daemon", stage.name)
             raise
+        finally:
+            stage.state = StageState.END
 
-    async def stop(self) -> None:
-        for t in self.tasks:
-            t.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
+    async def stop(self, timeout_s: float = DRAIN_TIMEOUT_S) -> bool:
+        """Drain: sources stop, every stage finishes its inbox, then ends. Stages still running
+        after `timeout_s` are cancelled. Returns whether everything drained in time."""
+        for st in self.stages:
+            st.stopping.set()
+        self.appended.set()  # wake enqueue-get
+        drained = True
+        if self.tasks:
+            _done, pending = await asyncio.wait(self.tasks, timeout=timeout_s)
+            if pending:
+                drained = False
+                log.warning("pipeline: %s did not drain within %.1fs; cancelled",
+                            ", ".join(t.get_name() for t in pending), timeout_s)
+                for t in pending:
+                    t.cancel()
+            await asyncio.gather(*self.tasks, return_exceptions=True)
         self.tasks.clear()
+        return drained
 
     def depths(self) -> dict[str, int]:
         """What waits in front of each stage. enqueue-get's queue is the commit log itself, so
         its depth is in bytes not yet read; dequeue-get's is in slots it is behind the clock;
         the others count messages (dequeue-put's includes those it holds until due)."""
-        get, put = self.stages[0], self.stages[4]
-        assert isinstance(get, EnqueueGet) and isinstance(put, DequeuePut)
         behind = (self.clock.now_ms() - self.store.load_time_ms) // self.store.cfg.precision_ms
-        return {"enqueue_get": max(0, self.store.commit.end - get.pos), "enqueue_put": self.records.items,
-                "dequeue_get": max(0, behind), "dequeue_get_message": self.units.items,
-                "dequeue_put": self.dues.items + put.holding}
+        return {"enqueue_get": max(0, self.store.commit.end - self.enqueue_get.pos),
+                "enqueue_put": self.records.items, "dequeue_get": max(0, behind),
+                "dequeue_get_message": self.units.items, "dequeue_put": self.dues.items + self.dequeue_put.holding}
+
+    def states(self) -> dict[str, str]:
+        """Each stage's StageState, by stage name."""
+        return {st.name: st.state.value for st in self.stages}
 
     def failed(self) -> BaseException | None:
         for t in self.tasks:

@@ -7,7 +7,7 @@ event loop thread, so a check followed by a change (cancel vs. release) is atomi
 from __future__ import annotations
 
 import asyncio
-import errno
+import enum
 import logging
 import re
 import time
@@ -27,8 +27,10 @@ from delayd.broker.push import Pusher, PushOutcome
 from delayd.broker.pushconfig import PushConfig
 from delayd.storage.browse import Page, Query
 from delayd.storage.commitlog import Record
-from delayd.storage.errors import StorageError
+from delayd.storage.datadir import DataDir
+from delayd.storage.errors import OutOfDescriptors, StorageError
 from delayd.storage.msgtable import MessageState
+from delayd.storage.recovery import recover
 from delayd.storage.store import Due, NewMessage, Store
 
 log = logging.getLogger("delayd.broker")
@@ -46,16 +48,28 @@ class Produced:
     duplicate: bool = False
 
 
+class BrokerState(enum.Enum):
+    """The broker's lifecycle, in order (`/readyz` is 200 only while READY)."""
+    INITIAL = "initial"  # built; the data directory is not open yet
+    OPEN = "open"  # the data directory is locked and its formats checked; not recovered yet
+    RECOVERING = "recovering"
+    READY = "ready"  # recovered, the pipeline runs: serving
+    STOPPING = "stopping"  # shutdown began: long-polls answer, the pipeline drains
+    STOPPED = "stopped"  # final checkpoint written, files closed
+
+
 class Broker:
     def __init__(self, config: Config, clock: Clock | None = None) -> None:
         self.cfg = config
-        self._id_prefix = config.node_id + "-"
         self.clock = clock or Clock()
+        self.state = BrokerState.INITIAL
+        self.data: DataDir | None = None
+        self.node_id = config.node_id  # the data directory's, once it is open
+        self._id_prefix = config.node_id + "-"
         self.store: Store | None = None
         self.pipeline: Pipeline | None = None
         self.groups: Groups | None = None
         self.committer: GroupCommit | None = None
-        self.ready = False
         self.recovery_seconds = 0.0
         self.recovery_line = ""
         self.lateness: deque[int] = deque(maxlen=10_000)
@@ -64,27 +78,48 @@ class Broker:
         self.fsync_listeners: list[Callable[[float], None]] = []  # each commit-log fsync's seconds
         self.pusher: Pusher | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._stopped = False
-        self._stopping = False
         self._writing: asyncio.Future[None] | None = None  # a checkpoint being written in a thread
+        self._t0 = time.monotonic()
+
+    @property
+    def ready(self) -> bool:
+        return self.state is BrokerState.READY
 
     # ---------------------------------------------------------------------------------- lifecycle
-    async def start(self) -> None:
-        t0 = time.monotonic()
+    def open(self) -> None:
+        """Lock the data directory, check its formats and settle the node id. Quick, and done
+        before the daemon binds its port: a directory in use or written by a newer build fails
+        here, with nothing changed."""
+        if self.data is not None:
+            return
+        self.data = DataDir.open(Path(self.cfg.data_dir), self.cfg.node_id or None)
+        self.node_id = self.data.node_id
+        self._id_prefix = self.node_id + "-"
+        self.state = BrokerState.OPEN
+
+    async def recover(self) -> None:
+        """Recovery, in a worker thread (it reads files only; /healthz answers meanwhile)."""
+        self.open()
+        assert self.data is not None
+        self._t0 = time.monotonic()
+        self.state = BrokerState.RECOVERING
         loop = asyncio.get_running_loop()
-        store = Store(Path(self.cfg.data_dir), self.cfg.store_config(), self.clock.now_ms)
+        store, report = await loop.run_in_executor(None, recover, self.data, self.cfg.store_config(),
+                                                   self.clock.now_ms)
         self.store = store
-        # Recovery reads files only; running it in a thread keeps /healthz answering meanwhile.
-        report = await loop.run_in_executor(None, store.recover)
         self.recovery_line = report.line()
         log.info(self.recovery_line)
         self.groups = Groups(store, self.clock.now_ms, self._log_group_event, self.cfg.default_max_attempts)
-        events = []
-        for rec in report.group_events:
-            events.append((rec.topic, rec.key or "", decode_event(rec.body)))
+        events = [(rec.topic, rec.key or "", decode_event(rec.body)) for rec in report.group_events]
         self.groups.restore(store.groups_snapshot, events)
         self.committer = GroupCommit(store, self.cfg.fsync, self.cfg.fsync_interval_ms,
                                      on_fsync=self._on_fsync)
+
+    def start_pipeline(self) -> None:
+        """Start the stages, the group commit, the checkpoint loop and the push workers: the
+        broker is READY."""
+        store = self.store
+        assert store is not None and self.groups is not None and self.committer is not None
         self.pipeline = Pipeline(store, self.clock, lookahead_ms=self.cfg.lookahead_ms,
                                  queue_batches=self.cfg.stage_queue_batches,
                                  release_capacity=self.cfg.release_capacity, on_release=self._on_release)
@@ -97,25 +132,30 @@ class Broker:
         self.pusher = Pusher(self.groups, store, self.clock, self.message_id, self.committer.durable,
                              self.cfg.push_max_in_flight, self._on_push)
         self.pusher.start()
-        self.recovery_seconds = time.monotonic() - t0
-        self.ready = True
+        self.recovery_seconds = time.monotonic() - self._t0
+        self.state = BrokerState.READY
+
+    async def start(self) -> None:
+        """open + recover + start_pipeline."""
+        await self.recover()
+        self.start_pipeline()
 
     def stopping(self) -> None:
         """Shutdown began: pending long-polls answer now (with what they have) instead of
         holding the shutdown until their wait ends."""
-        self._stopping = True
+        if self.state in (BrokerState.STOPPING, BrokerState.STOPPED):
+            return
+        self.state = BrokerState.STOPPING
         if self.pusher is not None:
             self.pusher.stop_taking()
         if self.groups is not None:
             for ev in self.groups.changed.values():
                 ev.set()
 
-    async def stop(self) -> dict[str, Any]:
-        """Idempotent: stop stages, flush, final checkpoint, close files."""
-        if self._stopped or self.store is None:
-            return {}
-        self._stopped = True
-        self.ready = False
+    async def stop_pipeline(self) -> None:
+        """Stop the push workers, drain the stages (bounded), stop the group commit and the
+        checkpoint loop."""
+        self.stopping()
         if self.pusher is not None:
             await self.pusher.stop()
         if self.pipeline is not None:
@@ -123,17 +163,36 @@ class Broker:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
         if self._writing is not None:
             await asyncio.gather(self._writing, return_exceptions=True)
-        summary = {"produced": self.store.totals["produced"], "delivered": self.store.totals["delivered"],
-                   "cancelled": self.store.totals["cancelled"], "scheduled": self.store.scheduled}
+
+    def close_storage(self) -> dict[str, Any]:
+        """Flush, write the final checkpoint, close the files and the LOCK. Idempotent."""
+        if self.state is BrokerState.STOPPED:
+            return {}
+        self.state = BrokerState.STOPPED
+        if self.store is None:
+            if self.data is not None:
+                self.data.close()
+            return {}
+        store = self.store
+        summary = {"produced": store.totals["produced"], "delivered": store.totals["delivered"],
+                   "cancelled": store.totals["cancelled"], "scheduled": store.scheduled}
         try:
-            self.store.flush_commit()
+            store.flush_commit()
             if self.pipeline is not None and self.groups is not None:
-                self.store.checkpoint(self.pipeline.inflight.read_time(), self.groups.snapshot())
+                store.checkpoint(self.pipeline.inflight.read_time(), self.groups.snapshot())
         finally:
-            self.store.close()
+            store.close()
         return summary
+
+    async def stop(self) -> dict[str, Any]:
+        """Idempotent: drain the pipeline, flush, final checkpoint, close files."""
+        if self.state is BrokerState.STOPPED:
+            return {}
+        await self.stop_pipeline()
+        return self.close_storage()
 
     async def _checkpoint_loop(self) -> None:
         assert self.store and self.pipeline and self.groups
@@ -142,20 +201,28 @@ class Broker:
         while True:
             await asyncio.sleep(self.cfg.checkpoint_interval_ms / 1000)
             self.expire_keys()
-            cp, fds = self.store.prepare_checkpoint(self.pipeline.inflight.read_time(), self.groups.snapshot())
+            try:
+                pending = self.store.prepare_checkpoint(self.pipeline.inflight.read_time(), self.groups.snapshot())
+            except OSError as e:  # no descriptor to dup: try again next round
+                log.error("checkpoint failed: %s: %s", type(e).__name__, e)
+                continue
             try:
                 # The fsyncs take the disk's time, not the event loop's. Shielded: a stop
                 # waits for this write to end rather than racing it.
-                self._writing = loop.run_in_executor(None, self.store.finish_checkpoint, cp, fds)
+                self._writing = loop.run_in_executor(None, self.store.finish_checkpoint, pending)
                 await asyncio.shield(self._writing)
             except Exception as e:  # disk full, I/O error, SQLite error: try again next round
                 log.error("checkpoint failed: %s: %s", type(e).__name__, e)
-                self.store.checkpoint_failed()
+                self.store.checkpoint_failed(pending)
                 continue
-            self.store.checkpoint_saved(cp)
+            self.store.checkpoint_saved(pending)
             if time.monotonic() >= next_retention:
                 next_retention = time.monotonic() + self.cfg.retention_interval_ms / 1000
-                gone = self.store.retain(self.clock.now_ms(), self.cfg.retention_ms, self.groups.needed())
+                try:
+                    gone = self.store.retain(self.clock.now_ms(), self.cfg.retention_ms, self.groups.needed())
+                except OutOfDescriptors as e:
+                    log.warning("retention skipped this round: %s", e)
+                    continue
                 if any(gone.values()):
                     log.info("retention deleted segments: %s", gone)
 
@@ -174,7 +241,7 @@ class Broker:
     def parse_id(self, message_id: str) -> int:
         """The sequence number of an id this node issued; only the exact spelling counts."""
         node, _, num = message_id.partition("-")
-        if node != self.cfg.node_id or not ID_NUMBER.fullmatch(num):
+        if node != self.node_id or not ID_NUMBER.fullmatch(num):
             raise errors.NotFound(f"no message {message_id!r}")
         return int(num, 16)
 
@@ -228,14 +295,8 @@ class Broker:
             fresh.append(m)
             fresh_at.append(i)
         if fresh:
-            try:
-                seqs = store.append_messages(fresh, now, cancels)
-            except StorageError as e:
-                raise errors.from_storage(e) from e
-            except OSError as e:  # ENOSPC on a derived file: the log write itself succeeded
-                if e.errno in (errno.ENOSPC, errno.EDQUOT):
-                    raise errors.DiskFullError(f"disk full: {e}") from e
-                raise
+            # A failure here (disk full, no descriptors) is answered by broker.errors' table.
+            seqs = store.append_messages(fresh, now, cancels)
             prefix = self._id_prefix
             for i, seq, m in zip(fresh_at, seqs, fresh, strict=True):
                 results[i] = Produced(prefix + format(seq, "x"), m.deliver_at)
@@ -252,10 +313,7 @@ class Broker:
 
     async def _durable(self) -> None:
         assert self.committer is not None
-        try:
-            await self.committer.durable()
-        except OSError as e:
-            raise errors.DiskFullError(f"could not make the write durable: {e}") from e
+        await self.committer.durable()  # NotDurable when the fsync failed: 507 (broker.errors)
 
     # ---------------------------------------------------------------------------------- cancel
     async def cancel(self, message_id: str) -> dict[str, str]:
@@ -268,10 +326,7 @@ class Broker:
             raise errors.AlreadyDelivered(f"message {message_id} was already delivered")
         if st == MessageState.SCHEDULED:
             rec = self._record(off, size, message_id)
-            try:
-                store.append_cancel(seq, rec.topic, rec.key)
-            except StorageError as e:
-                raise errors.from_storage(e) from e
+            store.append_cancel(seq, rec.topic, rec.key)
             assert self.pipeline is not None
             self.pipeline.appended.set()
         await self._durable()  # also for a repeat: the first cancel may still be in flight
@@ -281,6 +336,8 @@ class Broker:
         assert self.store is not None
         try:
             return self.store.read_record(offset, size)
+        except OutOfDescriptors:
+            raise  # transient: 503 (broker.errors), not "gone"
         except StorageError as e:
             raise errors.NotFound(f"message {message_id} is no longer readable ({e})") from e
 
@@ -341,7 +398,7 @@ class Broker:
                 return []
             got = self.groups.take(g, max_n, lease_ms, tags)
             left = deadline - self.clock.monotonic()
-            if got or left <= 0 or self._stopping:
+            if got or left <= 0 or self.state is not BrokerState.READY:
                 break
             ev = self.groups.event(topic)
             ev.clear()
@@ -403,6 +460,8 @@ class Broker:
             st, off, size, _ = self.store.state(d.seq)
             try:
                 rec = self.store.read_record(off, size) if off >= 0 else None
+            except OutOfDescriptors:
+                raise
             except StorageError:
                 rec = None
             out.append((i, d, rec))
@@ -460,7 +519,7 @@ class Broker:
         store = self._require_ready()
         assert self.groups is not None and self.pipeline is not None
         return {
-            "node_id": self.cfg.node_id,
+            "node_id": self.node_id,
             "scheduled": store.scheduled,
             "produced_total": store.totals["produced"],
             "delivered_total": store.totals["delivered"],
@@ -472,13 +531,14 @@ class Broker:
                        for t, c in store.topic_counts.items()},
             "groups": {g.key: self.groups.stats(g) for g in self.groups.groups.values()},
             "pipeline": self.pipeline.depths(),
+            "pipeline_state": self.pipeline.states(),
             "disk_bytes": store.disk_bytes(),
             "recovery_seconds": round(self.recovery_seconds, 3),
             "wall_clock_skew_ms": self.clock.wall_skew_ms(),
         }
 
     def schedule(self, start: int, end: int, step: int) -> list[list[int]]:
-        return self._require_ready().schedule(start, end, step)
+        return self._require_ready().schedule_buckets(start, end, step)
 
     async def browse(self, query: Query) -> tuple[Page, list[Record | StorageError]]:
         """One page of pending messages in due order (storage.browse) and their records. Waits

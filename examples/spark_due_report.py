@@ -34,7 +34,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("data_dir", help="the daemon's --data-dir")
     ap.add_argument("--hours", type=int, default=48, help="look this far ahead (default 48)")
-    ap.add_argument("--node-id", default="d", help="the daemon's --node-id (for message ids)")
+    ap.add_argument("--node-id", default=None,
+                    help="name message ids with this node id (default: the one the data directory recorded)")
     ap.add_argument("--rows", type=int, default=60, help="print at most this many minutes (default 60)")
     ap.add_argument("--csv", help="also write every minute (minute_utc, due) to this CSV file")
     ap.add_argument("--now-ms", type=int, default=None, help="report as of this time (default: now)")
@@ -46,9 +47,10 @@ def main() -> int:
 
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from delayd.client.spark import register
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
+
+    from delayd.spark import register
 
     spark = (SparkSession.builder.master(args.master).appName("delayd-due-report")
              .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
@@ -58,9 +60,11 @@ def main() -> int:
         register(spark)
         now = args.now_ms if args.now_ms is not None else int(time.time() * 1000)
         horizon = now + args.hours * 3_600_000
-        log = spark.read.format("delayd").option("node_id", args.node_id).load(args.data_dir)
-        ready = spark.read.format("delayd").option("kind", "ready").option("node_id", args.node_id) \
-            .load(args.data_dir)
+        reader = spark.read.format("delayd")
+        if args.node_id:
+            reader = reader.option("node_id", args.node_id)
+        log = reader.load(args.data_dir)
+        ready = reader.option("kind", "ready").load(args.data_dir)
 
         # -- 1. pending, due per minute ------------------------------------------------------
         produced = (log.where(F.col("record_type").isin("message", "roll"))

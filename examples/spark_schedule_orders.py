@@ -53,9 +53,10 @@ def main() -> int:
 
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from delayd.client.spark import DelaydSparkError, register, write
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
+
+    from delayd.spark import DelaydSparkError, register, write
 
     spark = (SparkSession.builder.master(args.master).appName("delayd-schedule-orders")
              .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")

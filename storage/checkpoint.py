@@ -3,7 +3,9 @@
 Written atomically (temp file, fsync, rename, fsync of the directory; the one before is kept
 as ``checkpoint.prev``) after the structures it
 describes were flushed. Loaded as a hint: validated in order magic → version → CRC → sanity,
-each failure its own exception, and on any failure recovery falls back to a full rescan.
+each failure its own exception, and on damage recovery falls back to the previous checkpoint,
+then to a full rescan. A newer version is not damage: it stops recovery (the daemon refuses to
+start) instead of being set aside.
 
     offset size  field     type  meaning
     ------ ----  --------  ----  --------------------------------------------------
@@ -20,19 +22,19 @@ Version history: 1 — original.
 from __future__ import annotations
 
 import os
-import struct
 import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import msgpack
+from delayd.storage.bytetable import ByteTable
 from delayd.storage.errors import BadMagic, ChecksumMismatch, Insane, UnsupportedVersion
 from delayd.storage.segments import fsync_dir
 
 CHECKPOINT_MAGIC = 0x50434C44  # "DLCP" little-endian
 CHECKPOINT_VERSION = 1
-HEADER = struct.Struct("<IHHII")
+HEADER = ByteTable("<IHHII")
 
 
 @dataclass(slots=True)
@@ -73,15 +75,18 @@ def previous(path: Path) -> Path:
 
 
 def load(path: Path) -> Checkpoint:
-    """Read and validate; raises FileNotFoundError or a CorruptData subclass."""
+    """Read and validate; raises FileNotFoundError, UnsupportedVersion (a newer build wrote it:
+    never a reason to fall back) or a CorruptData subclass."""
     data = path.read_bytes()
     if len(data) < HEADER.size:
         raise BadMagic(f"{path}: {len(data)} bytes, too short for a header")
     magic, version, _r, body_len, crc = HEADER.unpack_from(data)
     if magic != CHECKPOINT_MAGIC:
         raise BadMagic(f"{path}: magic {magic:#x}")
+    if version > CHECKPOINT_VERSION:
+        raise UnsupportedVersion(str(path), version, CHECKPOINT_VERSION)
     if version != CHECKPOINT_VERSION:
-        raise UnsupportedVersion(f"{path}: version {version}")
+        raise BadMagic(f"{path}: version {version}")
     body = data[HEADER.size:HEADER.size + body_len]
     if len(body) != body_len or zlib.crc32(body) != crc:
         raise ChecksumMismatch(f"{path}: body crc")

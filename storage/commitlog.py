@@ -1,4 +1,5 @@
-"""The commit log: segmented, append-only, CRC-checked records. The source of truth.
+"""The commit log: segmented, append-only, CRC-checked records. The source of truth — and the one
+decoder of its records (the daemon, `delayd check`/`dump` and the Spark reader all read through it).
 
 Record layout, format version 1 (little-endian; every record starts on a record boundary
 and never spans two segments):
@@ -22,43 +23,61 @@ and never spans two segments):
       44     4   body_len     u32
       48     …   topic, tag, key, headers, body (in that order)
 
-Version history: 1 — original.
+Version history: 1 — original. Every later version keeps the frame `length(4) crc(4)
+version(1)` and the CRC's span, so this build can tell a newer record from a damaged one: an
+intact frame (its CRC matches) with a version above RECORD_VERSION raises UnsupportedVersion,
+which is never skipped, resynced over or truncated — recovery stops and the daemon refuses to
+start. Segments have no file header: every record carries its version.
 
 The length fields bound what a record can carry: topic and tag at most 255 UTF-8 bytes (u8), key
 and packed headers at most 65,535 (u16), and the whole record at most MAX_RECORD. The API edge
 (broker.codec) refuses longer input with a 400; encode() refuses it too (RecordTooLarge), so a
 gap there is an error, never a struct.error or a record that recovery would later reject.
 
-Recovery scans from a hint offset, checks every CRC, skips a damaged record whose neighbours
-are intact (counted), and truncates a torn or corrupt tail (counted).
+Reading: `decode` one record; `scan_buffer` a whole buffer at once into columns (record
+offsets — and their packed headers on demand —, where the run of whole records ends and why) — the batch entry
+point the Spark reader builds Arrow columns from; `CommitLog.scan` records from an offset,
+skipping damage (resync on the next intact record). `CommitLog(..., readonly=True)` takes no
+lock, writes and cuts nothing: the mode for tools that read next to a live daemon.
 """
 
 from __future__ import annotations
 
 import enum
+import logging
+import re
 import struct
 import zlib
+from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 import msgpack
+from delayd.storage.bytetable import ByteTable
 from delayd.storage.errors import (
     ChecksumMismatch,
     CorruptData,
+    Insane,
     RecordTooLarge,
     TornRecord,
     UnsupportedVersion,
 )
-from delayd.storage.segments import SegmentedFile
+from delayd.storage.segments import SegmentedFile, segment_name
+
+log = logging.getLogger("delayd.storage")
 
 RECORD_VERSION = 1
-HEADER = struct.Struct("<IIBBHQqqHBBHHI")
+HEADER = ByteTable("<IIBBHQqqHBBHHI")
 HEADER_SIZE = HEADER.size  # 48
 assert HEADER_SIZE == 48
-_LEN_CRC = struct.Struct("<II")
-_REST = struct.Struct("<BBHQqqHBBHHI")  # HEADER without length and crc
+FRAME = ByteTable("<IIB")  # length, crc, version: the part every version keeps
+FRAME_SIZE = FRAME.size  # 9
+CRC_FROM = 8  # the CRC covers bytes [8, length)
+_LEN_CRC = ByteTable("<II")
+_LENGTH = ByteTable("<I")
+_REST = ByteTable("<BBHQqqHBBHHI")  # HEADER without length and crc
 MAX_RECORD = 64 * 1024 * 1024
 SCAN_CHUNK = 1 << 20
 # What the length fields can say (u8 and u16 above).
@@ -66,6 +85,10 @@ MAX_TOPIC_BYTES = 0xFF
 MAX_TAG_BYTES = 0xFF
 MAX_KEY_BYTES = 0xFFFF
 MAX_HEADERS_BYTES = 0xFFFF  # the msgpack-packed map
+# A resync considers frames of versions 1..15 only: format versions are small numbers, and the
+# bound keeps a resync over a long stretch of garbage affordable (each candidate costs a CRC).
+RESYNC_VERSIONS = re.compile(rb"[\x01-\x0f]")
+MAX_DAMAGE_NOTES = 32  # damaged stretches a ScanReport keeps by default (it counts them all)
 
 
 class RecordFlag(enum.IntFlag):
@@ -96,6 +119,8 @@ class Record:
     size: int = 0
     flags: int = 0
 
+
+# ------------------------------------------------------------------------------ encoding
 
 def _too_large(seq: int, topic: bytes, tag: bytes, key: bytes, hdrs: bytes, body: bytes) -> RecordTooLarge:
     """Which field does not fit (for the error message); called only when one does not."""
@@ -165,25 +190,50 @@ def encode_messages(msgs: Sequence[_Message], first_seq: int, produced_at: int, 
     return out
 
 
+# ------------------------------------------------------------------------------ decoding
+
 _TYPES = {int(t): t for t in RecordType}
+_FIRST_TYPE, _LAST_TYPE = min(_TYPES), max(_TYPES)
 _unpack_header = HEADER.unpack_from
 
 
+def _other_version(buf: bytes | bytearray | memoryview, pos: int, length: int, version: int, offset: int) -> None:
+    """The frame at `pos` is not version 1: a newer record (its CRC matches) or damage."""
+    if zlib.crc32(memoryview(buf)[pos + CRC_FROM:pos + length]) != _LEN_CRC.unpack_from(buf, pos)[1]:
+        raise ChecksumMismatch(f"crc mismatch at {offset}")
+    if version > RECORD_VERSION:
+        raise UnsupportedVersion(f"commit-log record at offset {offset}", version, RECORD_VERSION)
+    raise Insane(f"record version {version} at {offset}")
+
+
 def decode(buf: bytes | bytearray | memoryview, pos: int = 0, offset: int = -1, *, verify: bool = True) -> Record:
-    """Decode the record at `buf[pos:]`. Raises TornRecord, ChecksumMismatch or UnsupportedVersion."""
+    """Decode the record at `buf[pos:]`.
+
+    Raises TornRecord (it runs past the buffer), ChecksumMismatch/Insane/CorruptData (damage),
+    or UnsupportedVersion (an intact record of a newer format: never damage). The frame is
+    checked first, then the version, then the version-1 layout and CRC.
+    """
     n = len(buf)
     if n - pos < HEADER_SIZE:
+        if n - pos >= FRAME_SIZE:
+            length, _crc, version = FRAME.unpack_from(buf, pos)
+            if version != RECORD_VERSION and FRAME_SIZE <= length <= n - pos:
+                _other_version(buf, pos, length, version, offset)
         raise TornRecord(f"header cut at {offset}")
     (length, crc, version, rtype, flags, seq, deliver_at, produced_at, roll,
      tl, gl, kl, hl, bl) = _unpack_header(buf, pos)
+    if version != RECORD_VERSION:
+        if length < FRAME_SIZE or length > MAX_RECORD:
+            raise ChecksumMismatch(f"impossible length {length} at {offset}")
+        if n - pos < length:
+            raise TornRecord(f"record of {length} bytes cut at {offset}")
+        _other_version(buf, pos, length, version, offset)
     if length < HEADER_SIZE or length > MAX_RECORD or length != HEADER_SIZE + tl + gl + kl + hl + bl:
         raise ChecksumMismatch(f"impossible length {length} at {offset}")
     if n - pos < length:
         raise TornRecord(f"record of {length} bytes cut at {offset}")
-    if verify and zlib.crc32(memoryview(buf)[pos + 8:pos + length]) != crc:
+    if verify and zlib.crc32(memoryview(buf)[pos + CRC_FROM:pos + length]) != crc:
         raise ChecksumMismatch(f"crc mismatch at {offset}")
-    if version != RECORD_VERSION:
-        raise UnsupportedVersion(f"record version {version} at {offset}")
     rt = _TYPES.get(rtype)
     if rt is None:
         raise CorruptData(f"unknown record type {rtype} at {offset}")
@@ -205,19 +255,135 @@ def decode(buf: bytes | bytearray | memoryview, pos: int = 0, offset: int = -1, 
                   flags)
 
 
+def declared_length(buf: bytes | bytearray | memoryview, i: int) -> int:
+    """The length a record at `buf[i:]` says it has (HEADER_SIZE when that is impossible)."""
+    if len(buf) - i < 4:
+        return HEADER_SIZE
+    (length,) = _LENGTH.unpack_from(buf, i)
+    return length if FRAME_SIZE <= length <= MAX_RECORD else HEADER_SIZE
+
+
+class ScanStop(enum.Enum):
+    """Why `scan_buffer` stopped where it did."""
+    END = "end"  # the buffer ends on a record boundary
+    CUT = "cut"  # a record (or its header) runs past the end of the buffer: read more, or a torn tail
+    DAMAGED = "damaged"  # the bytes at `end` are not a record
+
+
+@dataclass(slots=True)
+class BufferScan:
+    """The whole, valid records at the start of a buffer, as columns (`scan_buffer`)."""
+    buf: bytes
+    starts: array  # 'q': offset of each record in the buffer
+    end: int  # where the run of valid records ends
+    batch_end: int  # where the last complete atomic batch of the run ends (<= end)
+    stop: ScanStop
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def headers(self) -> bytes:
+        """The records' 48-byte headers, back to back (HEADER.iter_unpack them, or view them with
+        a numpy dtype): the fixed fields as one packed array."""
+        buf = self.buf
+        return b"".join([buf[s:s + HEADER_SIZE] for s in self.starts])
+
+
+def scan_buffer(buf: bytes, start: int = 0, *, verify: bool = True) -> BufferScan:
+    """Every whole, valid record from `buf[start:]` up to the first that is not, in one call.
+
+    The per-buffer loop of every bulk reader (the Spark reader builds its Arrow columns from the
+    result; a compiled version can replace this body without touching callers). A record of a
+    newer format version raises UnsupportedVersion; damage stops the run with DAMAGED (the caller
+    resyncs with `find_record`).
+    """
+    n = len(buf)
+    pos = start
+    starts = array("q")
+    put = starts.append
+    unpack, crc32 = _unpack_header, zlib.crc32
+    batch_end = start
+    stop = ScanStop.END
+    cont = int(RecordFlag.CONTINUED)
+    last = n - HEADER_SIZE  # a header must fit
+    while pos <= last:
+        (length, crc, version, rtype, flags, _s, _d, _p, _r, tl, gl, kl, hl, bl) = unpack(buf, pos)
+        e = pos + length
+        if version != RECORD_VERSION or length != HEADER_SIZE + tl + gl + kl + hl + bl or length > MAX_RECORD \
+                or not _FIRST_TYPE <= rtype <= _LAST_TYPE or e > n:
+            try:  # the rare case: let decode() say which (newer version raises, damage stops)
+                decode(buf, pos, pos, verify=True)
+                stop = ScanStop.DAMAGED  # (not reached: one of the checks above failed)
+            except TornRecord:
+                stop = ScanStop.CUT
+            except CorruptData:
+                stop = ScanStop.DAMAGED
+            break
+        if verify and crc32(buf[pos + CRC_FROM:e]) != crc:  # a bytes slice: cheaper than a memoryview here
+            stop = ScanStop.DAMAGED
+            break
+        put(pos)
+        pos = e
+        if not flags & cont:
+            batch_end = e
+    else:
+        if pos < n:
+            stop = ScanStop.CUT  # less than a header left
+    return BufferScan(buf, starts, pos, batch_end, stop)
+
+
+def find_record(data: bytes, start: int, offset: int = 0) -> int | None:
+    """Position (>= start) in `data` of the next intact record after damage, or None.
+
+    Tries each position whose version byte is 1..15; a candidate must pass the full decode
+    (frame, layout, CRC). An intact record of a newer version raises UnsupportedVersion: data
+    after damage is never cut or skipped because its version is unknown. `offset` is the log
+    offset of data[0], for messages.
+    """
+    j = start
+    n = len(data)
+    while True:
+        m = RESYNC_VERSIONS.search(data, j + 8)
+        if m is None:
+            return None
+        j = m.start() - 8
+        if j + FRAME_SIZE > n:
+            return None
+        try:
+            decode(data, j, offset + j)
+        except UnsupportedVersion:
+            raise
+        except CorruptData:
+            j += 1
+            continue
+        return j
+
+
+@dataclass(slots=True)
+class Damage:
+    """A damaged stretch a scan stepped over."""
+    offset: int
+    size: int  # bytes skipped (to the next intact record, or to the segment's end)
+    error: CorruptData  # what was wrong at `offset`
+
+
 @dataclass(slots=True)
 class ScanReport:
     records: int = 0
     skipped_records: int = 0  # damaged records stepped over (intact data after them)
     skipped_bytes: int = 0
     truncated_bytes: int = 0  # torn or corrupt tail cut off
+    damage: list[Damage] = field(default_factory=list)  # the first `max_notes` stretches, in log order
+    max_notes: int = MAX_DAMAGE_NOTES
 
+
+# ------------------------------------------------------------------------------ the log
 
 class CommitLog:
     """Segmented append-only record log. Offsets are global byte offsets."""
 
-    def __init__(self, directory: Path, segment_bytes: int = 64 * 1024 * 1024) -> None:
-        self.files = SegmentedFile(Path(directory), segment_bytes)
+    def __init__(self, directory: Path, segment_bytes: int = 64 * 1024 * 1024, *, readonly: bool = False) -> None:
+        self.files = SegmentedFile(Path(directory), segment_bytes, readonly=readonly)
 
     @property
     def start(self) -> int:
@@ -266,10 +432,9 @@ class CommitLog:
     def read(self, offset: int, size: int = 0) -> Record:
         """The record at `offset`. `size`, when known, saves a second read."""
         buf = self.files.read(offset, size or 4096)
-        if len(buf) >= 4:
-            (length,) = struct.unpack_from("<I", buf)
-            if HEADER_SIZE <= length <= MAX_RECORD and len(buf) < length:
-                buf = self.files.read(offset, length)
+        need = declared_length(buf, 0)
+        if len(buf) < need:
+            buf = self.files.read(offset, need)
         return decode(buf, 0, offset)
 
     def scan(self, start: int, end: int | None = None, report: ScanReport | None = None,
@@ -277,7 +442,8 @@ class CommitLog:
         """Yield valid records from `start` up to `end` (default: the log end).
 
         A damaged record followed by intact data is skipped and counted; the scan resumes at
-        the next position where a record with a valid CRC starts.
+        the next position where a record with a valid CRC starts. A record of a newer format
+        version raises UnsupportedVersion.
         """
         report = report if report is not None else ScanReport()
         stop = self.files.end if end is None else end
@@ -296,59 +462,54 @@ class CommitLog:
             while i < len(buf) and pos + i < stop:
                 try:
                     rec = decode(buf, i, pos + i, verify=verify)
-                except TornRecord:
-                    need = self._declared_length(buf, i)
+                except TornRecord as e:
+                    need = declared_length(buf, i)
                     if pos + i + need <= seg_end:
                         if i == 0:  # one record larger than the chunk
                             buf = self.files.read(pos, need)
                             continue
                         break  # crosses the chunk boundary: read again from it
-                    i = self._resync(pos + i, seg_end, report) - pos
+                    i = self._resync(pos + i, seg_end, report, e) - pos
                     break
-                except CorruptData:
-                    i = self._resync(pos + i, seg_end, report) - pos
+                except CorruptData as e:
+                    i = self._resync(pos + i, seg_end, report, e) - pos
                     break
                 report.records += 1
                 yield rec
                 i += rec.size
             pos += i
 
-    @staticmethod
-    def _declared_length(buf: bytes | memoryview, i: int) -> int:
-        if len(buf) - i < 4:
-            return HEADER_SIZE
-        (length,) = struct.unpack_from("<I", buf, i)
-        return length if HEADER_SIZE <= length <= MAX_RECORD else HEADER_SIZE
+    def read_records(self, pos: int, max_records: int) -> tuple[list[Record], int]:
+        """enqueue-get: up to `max_records` records from `pos` (not CRC-checked again: the
+        daemon wrote them, or recovery checked them), and the position after them."""
+        out: list[Record] = []
+        for rec in self.scan(pos, verify=False):
+            out.append(rec)
+            if len(out) >= max_records:
+                break
+        if out:
+            pos = out[-1].offset + out[-1].size
+        return out, pos
 
-    def _resync(self, bad: int, seg_end: int, report: ScanReport) -> int:
+    def _resync(self, bad: int, seg_end: int, report: ScanReport, error: CorruptData) -> int:
         """Find the next intact record after a damaged one, within the same segment."""
         data = self.files.read(bad, seg_end - bad)
-        version = bytes((RECORD_VERSION,))
-        j = 1
-        while j <= len(data) - HEADER_SIZE:
-            # Only where the version byte (at +8) is right can a record start: find() those.
-            k = data.find(version, j + 8)
-            if k < 0:
-                break
-            j = k - 8
-            if j > len(data) - HEADER_SIZE:
-                break
-            try:
-                decode(data, j, bad + j)
-            except CorruptData:
-                j += 1
-                continue
-            report.skipped_records += 1
-            report.skipped_bytes += j
-            return bad + j
-        report.skipped_bytes += seg_end - bad
-        return seg_end
+        j = find_record(data, 1, bad)
+        skipped = (seg_end - bad) if j is None else j
+        report.skipped_bytes += skipped
+        if len(report.damage) < report.max_notes:
+            report.damage.append(Damage(bad, skipped, error))
+        if j is None:
+            return seg_end
+        report.skipped_records += 1
+        return bad + j
 
     def recover(self, start: int) -> ScanReport:
         """Check every record from `start` to the end; cut a torn or corrupt tail.
 
         The tail is what lies after the last intact record of the last segment: an interrupted
-        write leaves it, and no produce was acknowledged for it.
+        write leaves it, and no produce was acknowledged for it. A record of a newer version
+        anywhere on the way raises UnsupportedVersion before anything is cut.
         """
         report = ScanReport()
         last_good = max(start, self.files.start)
@@ -360,11 +521,15 @@ class CommitLog:
         if batch_start < last_good:
             # The tail ends inside an atomic batch (a torn multi-record write): drop all of it.
             last_good = batch_start
-        if last_good < self.files.end:
+        if last_good < self.files.end and last_good >= self.files.bases[-1]:
             # Anything after the last intact record is a tail that never completed.
-            if last_good >= self.files.bases[-1]:
-                report.skipped_bytes -= min(report.skipped_bytes, self.files.end - last_good)
-                report.truncated_bytes = self.files.truncate(last_good)
+            report.skipped_bytes -= min(report.skipped_bytes, self.files.end - last_good)
+            report.damage = [d for d in report.damage if d.offset < last_good]
+            report.truncated_bytes = self.files.truncate(last_good, "commit log: torn or corrupt tail")
+        for d in report.damage:
+            base = self.files.segment_of(d.offset)
+            log.warning("commit log: %d damaged bytes skipped at offset %d (file %s, position %d: %s); "
+                        "the records there are lost", d.size, d.offset, segment_name(base), d.offset - base, d.error)
         return report
 
     def delete_before(self, offset: int) -> list[int]:

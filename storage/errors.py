@@ -1,7 +1,10 @@
 """Every error the storage engine raises, in one place.
 
-Validation follows bbolt's order — magic, then version, then checksum, then sanity —
-and each failure has its own class so callers (and tests) can tell them apart.
+Validation follows bbolt's order — magic, then version, then checksum, then sanity — and each
+outcome has its own class so callers (and tests) can tell them apart. A newer format version is
+not damage: `UnsupportedVersion` is deliberately *not* a `CorruptData`, so no code path that
+skips, cuts or rebuilds damaged data ever catches it. Data written by a newer build is refused,
+never "repaired".
 """
 
 from __future__ import annotations
@@ -19,10 +22,6 @@ class BadMagic(CorruptData):
     """A file or record does not start with the expected magic number."""
 
 
-class UnsupportedVersion(CorruptData):
-    """A file or record carries a format version this build cannot read."""
-
-
 class ChecksumMismatch(CorruptData):
     """The stored CRC does not match the bytes."""
 
@@ -33,6 +32,19 @@ class Insane(CorruptData):
 
 class TornRecord(CorruptData):
     """A record runs past the end of its file: the tail of an interrupted write."""
+
+
+class UnsupportedVersion(StorageError):
+    """Intact data in a format version this build cannot read: a newer build wrote it.
+
+    `what` names the file (and offset) it was found in, `found` the version there, `supported`
+    the newest version this build reads.
+    """
+
+    def __init__(self, what: str, found: int, supported: int) -> None:
+        self.what, self.found, self.supported = what, found, supported
+        super().__init__(f"{what}: format version {found}, but this build reads versions up to {supported}; "
+                         f"a newer delayd wrote it: run that version (or a newer one) on this data directory")
 
 
 class GeometryMismatch(StorageError):
@@ -48,5 +60,23 @@ class DiskFull(StorageError):
     """A write failed for lack of space (ENOSPC/EDQUOT); nothing partial was kept."""
 
 
+class NotDurable(StorageError):
+    """An fsync failed: whether the write survives a crash is unknown (as after a timeout)."""
+
+
+class OutOfDescriptors(StorageError):
+    """A file could not be opened: the process or the system is out of file descriptors
+    (EMFILE/ENFILE). Nothing was changed; the same call may succeed once descriptors free up."""
+
+
 class OffsetOutOfRange(StorageError):
     """An offset points before the oldest retained segment or past the end."""
+
+
+class DataDirInUse(StorageError):
+    """Another process holds the data directory's LOCK."""
+
+
+class NodeIdMismatch(StorageError):
+    """The configured node id differs from the one the data directory recorded: the ids it
+    issued would stop resolving."""

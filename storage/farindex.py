@@ -70,7 +70,7 @@ class FarIndex:
         self.db = self._connect(cache_kib)
         version = self.db.execute("PRAGMA user_version").fetchone()[0]
         if version not in (0, FARINDEX_VERSION):
-            raise UnsupportedVersion(f"{self.path}: far index version {version}")
+            raise UnsupportedVersion(str(self.path), version, FARINDEX_VERSION)
         self.db.execute("CREATE TABLE IF NOT EXISTS far (deliver_at INTEGER NOT NULL, seq INTEGER NOT NULL, "
                         "topic_hash INTEGER NOT NULL, PRIMARY KEY (deliver_at, seq)) WITHOUT ROWID")
         self.db.execute("CREATE INDEX IF NOT EXISTS far_topic ON far(topic_hash, deliver_at, seq)")
@@ -201,10 +201,11 @@ class FarIndex:
         self.db.close()
 
 
-def open_far(directory: Path) -> tuple[FarIndex, bool]:
-    """The far index of a data directory, and whether it must be rebuilt (new, or unusable and
-    set aside as far.bad-<time>.sqlite)."""
-    path = Path(directory) / FILE_NAME
+def open_far(path: Path) -> tuple[FarIndex, bool]:
+    """The far index at `path` (a data directory's far.sqlite), and whether it must be rebuilt
+    (new, or unusable and set aside as far.bad-<time>.sqlite)."""
+    path = Path(path)
+    directory = path.parent
     try:
         far = FarIndex(path)
         far.count()

@@ -1,8 +1,10 @@
 """Offline inspection of a data directory: `check` verifies every structure, `dump` prints them.
 
-Both only read. They open files read-only and never take the LOCK, so they may run next to a
-live daemon (bbolt's `check`/`dump` in spirit); what a daemon is writing at that very moment
-can then show up as a torn tail, which is why a tail is reported separately from damage.
+Both only read, through the structures' own read-only modes (the commit log's one decoder,
+`CommitLog(..., readonly=True)`; TimerLog, ready queues and message table opened read-only,
+segment headers and all). They never take the LOCK, so they may run next to a live daemon
+(bbolt's `check`/`dump` in spirit); what a daemon is writing at that very moment can then show
+up as a torn tail, which is why a tail is reported separately from damage.
 
     check(data_dir, config=None) -> CheckReport        # `delayd check DATA_DIR`
     dump(data_dir, what, ...) -> Iterator[str]         # `delayd dump DATA_DIR WHAT`
@@ -11,158 +13,48 @@ can then show up as a torn tail, which is why a tail is reported separately from
 
 from __future__ import annotations
 
-import bisect
 import os
-import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
 from delayd.storage import checkpoint as ckpt
-from delayd.storage import timerwheel
-from delayd.storage.commitlog import HEADER_SIZE, MAX_RECORD, RECORD_VERSION, Record, decode
-from delayd.storage.errors import (
-    CorruptData,
-    StorageError,
-    TornRecord,
-)
-from delayd.storage.msgtable import ENTRY, ENTRY_SIZE, MessageState
-from delayd.storage.readyqueue import UNIT as READY_UNIT
+from delayd.storage.commitlog import CommitLog, Record, ScanReport
+from delayd.storage.datadir import Layout, check_formats
+from delayd.storage.errors import CorruptData, StorageError, UnsupportedVersion
+from delayd.storage.msgtable import MessageState, MessageTable
 from delayd.storage.readyqueue import UNIT_SIZE as READY_UNIT_SIZE
-from delayd.storage.segments import NAME_DIGITS
-from delayd.storage.timerlog import NO_POS, UNIT_SIZE, Unit, UnitMagic, unpack_unit
+from delayd.storage.readyqueue import ReadyQueue
+from delayd.storage.timerlog import NO_POS, UNIT_SIZE, TimerLog, UnitMagic
 from delayd.storage.timerwheel import HEADER as WHEEL_HEADER
 from delayd.storage.timerwheel import SLOT, SLOT_SIZE
+from delayd.storage.timerwheel import read_header as read_wheel_header
 
 DUMP_KINDS = ("commitlog", "timerlog", "wheel", "checkpoint", "ready", "msgtable")
-CHUNK = 1 << 20
 MAX_PROBLEMS = 1000  # a wrecked file should not print a million lines
+BIG_SEGMENT = 1 << 62  # segment sizes for read-only opening: never reached, nothing is appended
 
 
-# ------------------------------------------------------------------------------ read-only files
+# ------------------------------------------------------------------------------ reading
 
-class ReadOnlySegments:
-    """The segment files of one directory, read with pread through read-only fds."""
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = Path(directory)
-        self.bases: list[int] = []
-        self.sizes: dict[int, int] = {}
-        if self.directory.is_dir():
-            for p in self.directory.iterdir():
-                if p.name.isdigit() and len(p.name) == NAME_DIGITS:
-                    self.bases.append(int(p.name))
-                    self.sizes[int(p.name)] = p.stat().st_size
-        self.bases.sort()
-        self._fds: dict[int, int] = {}
-
-    @property
-    def exists(self) -> bool:
-        return self.directory.is_dir()
-
-    @property
-    def start(self) -> int:
-        return self.bases[0] if self.bases else 0
-
-    @property
-    def end(self) -> int:
-        return self.bases[-1] + self.sizes[self.bases[-1]] if self.bases else 0
-
-    def segment_of(self, offset: int) -> int | None:
-        i = bisect.bisect_right(self.bases, offset) - 1
-        if i < 0 or offset >= self.bases[i] + self.sizes[self.bases[i]]:
-            return None
-        return self.bases[i]
-
-    def read(self, offset: int, size: int) -> bytes:
-        """Up to `size` bytes at `offset`, within one segment; b"" outside every segment."""
-        base = self.segment_of(offset)
-        if base is None:
-            return b""
-        fd = self._fds.get(base)
-        if fd is None:
-            fd = self._fds[base] = os.open(self.directory / f"{base:0{NAME_DIGITS}d}", os.O_RDONLY)
-        return os.pread(fd, min(size, base + self.sizes[base] - offset), offset - base)
-
-    def gaps(self) -> list[str]:
-        out = []
-        for a, b in zip(self.bases, self.bases[1:], strict=False):
-            if a + self.sizes[a] != b:
-                out.append(f"segment {a} ends at {a + self.sizes[a]} but the next one starts at {b}")
-        return out
-
-    def close(self) -> None:
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
-
-
-def scan_records(segs: ReadOnlySegments, start: int = 0) -> Iterator[tuple[int, Record | CorruptData, int]]:
-    """(offset, record or the error, bytes) for every record and every damaged stretch from `start`.
-
-    After damage the scan resyncs on the next position where an intact record starts, like
-    CommitLog.scan; a stretch with no intact record after it up to its segment end is one error.
-    """
-    for base in segs.bases:
-        end = base + segs.sizes[base]
-        pos = max(start, base)
-        buf, buf_at = b"", pos
-        while pos < end:
-            if pos + HEADER_SIZE > buf_at + len(buf) or pos + _declared(buf, pos - buf_at) > buf_at + len(buf):
-                want = max(CHUNK, _declared(segs.read(pos, 4), 0))
-                buf, buf_at = segs.read(pos, want), pos
-            try:
-                rec = decode(buf, pos - buf_at, pos)
-            except CorruptData as e:
-                nxt = _resync(segs, pos, end)
-                yield pos, e, nxt - pos
-                pos = nxt
-                buf, buf_at = b"", pos
-                continue
-            yield pos, rec, rec.size
-            pos += rec.size
-
-
-def _declared(buf: bytes, i: int) -> int:
-    if len(buf) - i < 4:
-        return HEADER_SIZE
-    (n,) = struct.unpack_from("<I", buf, i)
-    return n if HEADER_SIZE <= n <= MAX_RECORD else HEADER_SIZE
-
-
-def _resync(segs: ReadOnlySegments, bad: int, end: int) -> int:
-    data = segs.read(bad, end - bad)
-    j = 1
-    while True:
-        # A record starts with length(4) crc(4) version(1): look for the version byte only.
-        j = data.find(bytes((RECORD_VERSION,)), j + 8) - 8
-        if j < 1 or j + HEADER_SIZE > len(data):
-            return end
-        try:
-            decode(data, j, bad + j)
-            return bad + j
-        except CorruptData:
-            j += 1
-
-
-def read_record(segs: ReadOnlySegments, offset: int, size: int = 0) -> Record:
-    buf = segs.read(offset, size or 4096)
-    if not buf:
-        raise TornRecord(f"no commit-log segment holds offset {offset}")
-    n = _declared(buf, 0)
-    if n > len(buf):
-        buf = segs.read(offset, n)
-    return decode(buf, 0, offset)
-
-
-def read_wheel_header(path: Path) -> tuple[int, int, int]:
-    """(precision_ms, slot_count, created_ms); the same validation as TimerWheel."""
-    return timerwheel.read_header(path)
+def scan_items(log: CommitLog, start: int = 0, end: int | None = None) -> Iterator[tuple[int, Record | CorruptData, int]]:
+    """(offset, record or the error, bytes) for every record and every damaged stretch from
+    `start`, in log order: the commit log's own scan (one decoder), damage included."""
+    report = ScanReport(max_notes=1 << 62)
+    told = 0
+    for rec in log.scan(start, end, report):
+        while told < len(report.damage):
+            d = report.damage[told]
+            told += 1
+            yield d.offset, d.error, d.size
+        yield rec.offset, rec, rec.size
+    for d in report.damage[told:]:
+        yield d.offset, d.error, d.size
 
 
 def iter_slots(path: Path, slot_count: int) -> Iterator[tuple[int, int, int, int, int, int]]:
-    """(index, time, first, last, num, magic) of every stored slot with num != 0 or a time."""
+    """(index, time, first, last, num, magic) of every stored slot with num != 0."""
     with open(path, "rb") as f:
         f.seek(WHEEL_HEADER.size)
         i = 0
@@ -174,6 +66,13 @@ def iter_slots(path: Path, slot_count: int) -> Iterator[tuple[int, int, int, int
                 if raw[3] != 0:
                     yield (i, *raw)
                 i += 1
+
+
+def _topics(layout: Layout) -> list[str]:
+    try:
+        return sorted(os.listdir(layout.ready))
+    except FileNotFoundError:
+        return []
 
 
 # ------------------------------------------------------------------------------ check
@@ -235,26 +134,43 @@ def check(data_dir: Path, config: object | None = None) -> CheckReport:
     `config` (a StoreConfig, optional) adds the geometry check: a wheel built for another
     precision or slot count is reported, as the daemon would rebuild it.
     """
-    d = Path(data_dir)
-    rep = CheckReport(d)
-    cp = _check_checkpoint(d, rep)
-    commit = ReadOnlySegments(d / "commitlog")
-    tlog = ReadOnlySegments(d / "timerlog")
+    layout = Layout(Path(data_dir))
+    rep = CheckReport(layout.path)
+    if not layout.path.is_dir():
+        return rep
     try:
-        _check_commitlog(commit, cp, rep)
-        _check_timerlog(tlog, cp, rep)
-        _check_wheel(d / "timerwheel", tlog, cp, config, rep)
-        _check_ready(d / "ready", commit, rep)
-        _check_msgtable(d / "msgtable", cp, config, rep)
+        meta = check_formats(layout.path)
+        rep.notes.append(f"format version 2, node id {meta.node_id!r}" if meta is not None
+                         else "format version 1 (no meta file; the daemon upgrades it at its next start)")
+    except UnsupportedVersion as e:
+        rep.problem(f"written by a newer delayd: {e}")
+        return rep  # its files cannot be read by this build
+    except CorruptData as e:
+        rep.problem(f"meta: {type(e).__name__}: {e}")
+    cp = _check_checkpoint(layout, rep)
+    log = CommitLog(layout.commitlog, BIG_SEGMENT, readonly=True)
+    try:
+        tlog: TimerLog | None = TimerLog(layout.timerlog, BIG_SEGMENT // UNIT_SIZE, readonly=True)
+    except CorruptData as e:
+        rep.problem(f"TimerLog: {type(e).__name__}: {e}")
+        tlog = None
+    try:
+        _check_commitlog(layout, log, cp, rep)
+        if tlog is not None:
+            _check_timerlog(layout, tlog, cp, rep)
+            _check_wheel(layout.timerwheel, tlog, cp, config, rep)
+        _check_ready(layout, log, rep)
+        _check_msgtable(layout, cp, config, rep)
     finally:
-        commit.close()
-        tlog.close()
+        log.close()
+        if tlog is not None:
+            tlog.close()
     return rep
 
 
-def _check_checkpoint(d: Path, rep: CheckReport) -> ckpt.Checkpoint | None:
+def _check_checkpoint(layout: Layout, rep: CheckReport) -> ckpt.Checkpoint | None:
     found = None
-    for path in (d / "checkpoint", ckpt.previous(d / "checkpoint")):
+    for path in (layout.checkpoint, ckpt.previous(layout.checkpoint)):
         try:
             cp = ckpt.load(path)
         except FileNotFoundError:
@@ -272,30 +188,41 @@ def _check_checkpoint(d: Path, rep: CheckReport) -> ckpt.Checkpoint | None:
     return found
 
 
-def _check_commitlog(segs: ReadOnlySegments, cp: ckpt.Checkpoint | None, rep: CheckReport) -> None:
-    if not segs.exists:
+def _gaps(name: str, files: object, rep: CheckReport) -> None:
+    bases = files.bases  # type: ignore[attr-defined]
+    for a, b in zip(bases, bases[1:], strict=False):
+        end = files.segment_end(a)  # type: ignore[attr-defined]
+        if end != b:
+            rep.problem(f"{name}: segment {a} ends at {end} but the next one starts at {b}")
+
+
+def _check_commitlog(layout: Layout, log: CommitLog, cp: ckpt.Checkpoint | None, rep: CheckReport) -> None:
+    if not layout.commitlog.is_dir():
         if cp is not None:
             rep.problem("commit log: directory missing")
         return
-    rep.commit_segments = len(segs.bases)
-    rep.commit_bytes = segs.end - segs.start
-    for g in segs.gaps():
-        rep.problem(f"commit log: {g}")
-    last_base = segs.bases[-1] if segs.bases else 0
-    last_good = segs.start
-    pending_damage: list[tuple[int, CorruptData, int]] = []
-    for off, item, n in scan_records(segs):
-        if isinstance(item, Record):
-            rep.commit_records += 1
-            last_good = off + n
-            for p_off, err, p_n in pending_damage:
-                rep.damaged_records += 1
-                rep.problem(f"commit log: damaged record at offset {p_off} ({p_n} bytes skipped): "
-                            f"{type(err).__name__}: {err}")
-            pending_damage = []
-        else:
-            pending_damage.append((off, item, n))
-    for p_off, err, p_n in pending_damage:
+    files = log.files
+    rep.commit_segments = len(files.bases)
+    rep.commit_bytes = log.end - log.start
+    _gaps("commit log", files, rep)
+    last_base = files.bases[-1] if files.bases else 0
+    last_good = log.start
+    pending: list[tuple[int, CorruptData, int]] = []
+    try:
+        for off, item, n in scan_items(log):
+            if isinstance(item, Record):
+                rep.commit_records += 1
+                last_good = off + n
+                for p_off, err, p_n in pending:
+                    rep.damaged_records += 1
+                    rep.problem(f"commit log: damaged record at offset {p_off} ({p_n} bytes skipped): "
+                                f"{type(err).__name__}: {err}")
+                pending = []
+            else:
+                pending.append((off, item, n))
+    except UnsupportedVersion as e:
+        rep.problem(f"commit log: written by a newer delayd: {e}")
+    for p_off, err, p_n in pending:
         if p_off >= last_base and p_off >= last_good:
             rep.torn_tail_bytes += p_n
             rep.problem(f"commit log: torn or corrupt tail of {p_n} bytes at offset {p_off} "
@@ -307,40 +234,36 @@ def _check_commitlog(segs: ReadOnlySegments, cp: ckpt.Checkpoint | None, rep: Ch
     if cp is None and rep.commit_records:
         rep.problem("checkpoint: no valid checkpoint; recovery rescans the whole commit log")
     if cp is not None:
-        if cp.commit_end > segs.end:
-            rep.problem(f"checkpoint: expects a commit log of {cp.commit_end} bytes, found {segs.end}")
-        if segs.bases and cp.commit_indexed < segs.start:
-            rep.problem(f"checkpoint: indexed offset {cp.commit_indexed} is before the oldest segment {segs.start}")
+        if cp.commit_end > log.end:
+            rep.problem(f"checkpoint: expects a commit log of {cp.commit_end} bytes, found {log.end}")
+        if files.bases and cp.commit_indexed < log.start:
+            rep.problem(f"checkpoint: indexed offset {cp.commit_indexed} is before the oldest segment {log.start}")
 
 
-def _check_timerlog(segs: ReadOnlySegments, cp: ckpt.Checkpoint | None, rep: CheckReport) -> None:
-    if not segs.exists:
+def _check_timerlog(layout: Layout, tlog: TimerLog, cp: ckpt.Checkpoint | None, rep: CheckReport) -> None:
+    if not layout.timerlog.is_dir():
         if cp is not None and cp.timerlog_end:
             rep.problem("TimerLog: directory missing")
         return
-    for g in segs.gaps():
-        rep.problem(f"TimerLog: {g}")
-    for base in segs.bases:
-        size = segs.sizes[base]
+    files = tlog.files
+    _gaps("TimerLog", files, rep)
+    for base in files.bases:
+        size = files.segment_end(base) - base
         if size % UNIT_SIZE:
             rep.problem(f"TimerLog: segment {base} holds {size} bytes, not whole {UNIT_SIZE}-byte units")
-        pos = base
-        while pos + UNIT_SIZE <= base + size:
-            buf = segs.read(pos, min(CHUNK - CHUNK % UNIT_SIZE, base + size - pos))
-            for i in range(0, len(buf) - UNIT_SIZE + 1, UNIT_SIZE):
-                rep.timerlog_units += 1
-                try:
-                    unpack_unit(buf, i, pos + i)
-                except CorruptData as e:
-                    rep.damaged_units += 1
-                    rep.problem(f"TimerLog: {e}")
-            pos += len(buf) - len(buf) % UNIT_SIZE
-    if cp is not None and segs.end < cp.timerlog_end:
-        rep.problem(f"TimerLog: ends at {segs.end}, before the checkpoint's {cp.timerlog_end}; "
+    damaged: list[int] = []
+    for _u in tlog.scan(tlog.start, None, damaged):
+        rep.timerlog_units += 1
+    rep.timerlog_units += len(damaged)
+    rep.damaged_units = len(damaged)
+    for pos in damaged:
+        rep.problem(f"TimerLog: damaged TimerLog unit at {pos}")
+    if cp is not None and tlog.end < cp.timerlog_end:
+        rep.problem(f"TimerLog: ends at {tlog.end}, before the checkpoint's {cp.timerlog_end}; "
                     f"units the checkpoint counts on are gone")
 
 
-def _check_wheel(path: Path, tlog: ReadOnlySegments, cp: ckpt.Checkpoint | None, config: object | None,
+def _check_wheel(path: Path, tlog: TimerLog, cp: ckpt.Checkpoint | None, config: object | None,
                  rep: CheckReport) -> None:
     if not path.exists():
         if cp is not None:
@@ -377,88 +300,75 @@ def _check_wheel(path: Path, tlog: ReadOnlySegments, cp: ckpt.Checkpoint | None,
             rep.wheel_units += num
 
 
-def _walk_chain(tlog: ReadOnlySegments, t: int, first: int, last: int, num: int, precision: int) -> str | None:
-    pos, n, prev_unit = last, 0, None
+def _walk_chain(tlog: TimerLog, t: int, first: int, last: int, num: int, precision: int) -> str | None:
+    pos, n, prev_pos = last, 0, None
     while pos != NO_POS:
         if pos % UNIT_SIZE or not tlog.start <= pos <= tlog.end - UNIT_SIZE:
             return f"chain reaches position {pos}, outside the TimerLog [{tlog.start}, {tlog.end})"
-        buf = tlog.read(pos, UNIT_SIZE)
         try:
-            unit = unpack_unit(buf, 0, pos)
-        except (CorruptData, struct.error) as e:
+            unit = tlog.read(pos)
+        except (CorruptData, StorageError) as e:
             return f"unit at {pos}: {e}"
         if unit.fire_time - unit.fire_time % precision != t:
             return f"unit at {pos} fires at {unit.fire_time}, not in this slot"
         n += 1
         if n > num:
             return f"chain longer than num={num}"
-        prev_unit, pos = unit, unit.prev_pos
+        prev_pos, pos = unit.pos, unit.prev_pos
     if n != num:
         return f"chain has {n} units, num says {num}"
-    if prev_unit is not None and prev_unit.pos != first:
-        return f"chain ends at {prev_unit.pos}, first_pos says {first}"
+    if prev_pos is not None and prev_pos != first:
+        return f"chain ends at {prev_pos}, first_pos says {first}"
     return None
 
 
-def _check_ready(directory: Path, commit: ReadOnlySegments, rep: CheckReport) -> None:
-    if not directory.is_dir():
-        return
-    for qdir in sorted(directory.iterdir()):
-        segs = ReadOnlySegments(qdir)
+def _check_ready(layout: Layout, log: CommitLog, rep: CheckReport) -> None:
+    for topic in _topics(layout):
         try:
-            for base in segs.bases:
-                if segs.sizes[base] % READY_UNIT_SIZE:
-                    rep.problem(f"ready/{qdir.name}: segment {base} does not hold whole units")
-            for u in _ready_units(segs):
+            q = ReadyQueue(layout.ready / topic, BIG_SEGMENT // READY_UNIT_SIZE, readonly=True)
+        except CorruptData as e:
+            rep.problem(f"ready/{topic}: {type(e).__name__}: {e}")
+            continue
+        try:
+            for base in q.files.bases:
+                if (q.files.segment_end(base) - base) % READY_UNIT_SIZE:
+                    rep.problem(f"ready/{topic}: segment {base} does not hold whole units")
+            for u in q.scan(q.start):
                 rep.ready_units += 1
-                index, off, size, _th, _deliver, _released, seq = u
-                if off < commit.start:
+                if u.commit_offset < log.start:
                     continue  # its segment is past retention
                 try:
-                    rec = read_record(commit, off, size)
-                    if rec.seq != seq or rec.size != size:
+                    rec = log.read(u.commit_offset, u.commit_size)
+                    if rec.seq != u.seq or rec.size != u.commit_size:
                         raise CorruptData(f"record there is seq {rec.seq} of {rec.size} bytes")
-                except CorruptData as e:
+                except (CorruptData, StorageError) as e:
                     rep.damaged_ready_units += 1
-                    rep.problem(f"ready/{qdir.name}: unit {index} (seq {seq}) points at offset {off}: "
+                    rep.problem(f"ready/{topic}: unit {u.index} (seq {u.seq}) points at offset {u.commit_offset}: "
                                 f"{type(e).__name__}: {e}")
         finally:
-            segs.close()
+            q.close()
 
 
-def _ready_units(segs: ReadOnlySegments) -> Iterator[tuple[int, ...]]:
-    for base in segs.bases:
-        pos, end = base, base + segs.sizes[base]
-        while pos + READY_UNIT_SIZE <= end:
-            buf = segs.read(pos, min(CHUNK - CHUNK % READY_UNIT_SIZE, end - pos))
-            for i in range(0, len(buf) - READY_UNIT_SIZE + 1, READY_UNIT_SIZE):
-                yield ((pos + i) // READY_UNIT_SIZE, *READY_UNIT.unpack_from(buf, i))
-            pos += len(buf) - len(buf) % READY_UNIT_SIZE
-
-
-def _check_msgtable(directory: Path, cp: ckpt.Checkpoint | None, config: object | None, rep: CheckReport) -> None:
+def _check_msgtable(layout: Layout, cp: ckpt.Checkpoint | None, config: object | None, rep: CheckReport) -> None:
     per_segment = int(getattr(config, "msgtable_segment_entries", 1 << 20))
-    if cp is not None and cp.next_seq > 1:
-        seg, idx = divmod(cp.next_seq - 1, per_segment)
-        path = directory / f"{seg:020d}"
-        if not directory.is_dir():
-            rep.problem("message table: directory missing (recovery must rescan the commit log)")
-        elif (seg + 1) * per_segment > cp.next_seq and (
-                not path.exists() or path.stat().st_size < (idx + 1) * ENTRY_SIZE):
-            # Only a partial segment: a full one may be gone to retention.
-            rep.problem(f"message table: entries up to seq {cp.next_seq - 1} (checkpoint) are missing")
-    if not directory.is_dir():
-        return
-    for p in sorted(directory.iterdir()):
-        if not (p.name.isdigit() and len(p.name) == NAME_DIGITS):
-            continue
-        with open(p, "rb") as f:
-            data = f.read()
-        for i, (state, _flags, _roll, _size, _off) in enumerate(ENTRY.iter_unpack(data[:len(data) - len(data) % ENTRY_SIZE])):
-            if state:
+    table = MessageTable(layout.msgtable, per_segment, readonly=True)
+    try:
+        if cp is not None and cp.next_seq > 1:
+            last = cp.next_seq - 1
+            if not layout.msgtable.is_dir():
+                rep.problem("message table: directory missing (recovery must rescan the commit log)")
+            elif (last // per_segment + 1) * per_segment > cp.next_seq and not table.has_entry(last):
+                # Only a partial segment: a full one may be gone to retention.
+                rep.problem(f"message table: entries up to seq {last} (checkpoint) are missing")
+        for seg in table.segments():
+            for seq, state, *_rest in table.entries(seg):
                 rep.msgtable_entries += 1
                 if state > max(MessageState):
-                    rep.problem(f"message table: seq {int(p.name) * per_segment + i} has state {state}")
+                    rep.problem(f"message table: seq {seq} has state {state}")
+    except CorruptData as e:
+        rep.problem(f"message table: {type(e).__name__}: {e}")
+    finally:
+        table.close()
 
 
 # ------------------------------------------------------------------------------ dump
@@ -479,10 +389,11 @@ def dump(data_dir: Path, what: str, *, segment: int | None = None, start: int = 
     num, magic); checkpoint: both checkpoint files; ready: units of one `topic` or all;
     msgtable: non-empty entries from seq `start`. `limit` caps the number of lines.
     """
-    d = Path(data_dir)
-    gens = {"commitlog": lambda: _dump_commitlog(d, segment, start), "timerlog": lambda: _dump_timerlog(d, start),
-            "wheel": lambda: _dump_wheel(d), "checkpoint": lambda: _dump_checkpoint(d),
-            "ready": lambda: _dump_ready(d, topic, start), "msgtable": lambda: _dump_msgtable(d, start, config)}
+    layout = Layout(Path(data_dir))
+    gens = {"commitlog": lambda: _dump_commitlog(layout, segment, start),
+            "timerlog": lambda: _dump_timerlog(layout, start), "wheel": lambda: _dump_wheel(layout),
+            "checkpoint": lambda: _dump_checkpoint(layout), "ready": lambda: _dump_ready(layout, topic, start),
+            "msgtable": lambda: _dump_msgtable(layout, start, config)}
     if what not in gens:
         raise ValueError(f"dump what? one of {', '.join(DUMP_KINDS)}")
     for n, line in enumerate(gens[what]()):
@@ -491,15 +402,17 @@ def dump(data_dir: Path, what: str, *, segment: int | None = None, start: int = 
         yield line
 
 
-def _dump_commitlog(d: Path, segment: int | None, start: int) -> Iterator[str]:
-    segs = ReadOnlySegments(d / "commitlog")
+def _dump_commitlog(layout: Layout, segment: int | None, start: int) -> Iterator[str]:
+    log = CommitLog(layout.commitlog, BIG_SEGMENT, readonly=True)
     try:
+        bases = log.files.bases
+        end = None
         if segment is not None:
-            if segment not in segs.sizes:
-                raise StorageError(f"no commit-log segment {segment}; segments: {segs.bases}")
-            segs.bases = [segment]
-        yield f"# commit log {segs.directory}: segments {segs.bases}"
-        for off, item, n in scan_records(segs, start):
+            if segment not in bases:
+                raise StorageError(f"no commit-log segment {segment}; segments: {bases}")
+            bases, start, end = [segment], segment, log.files.segment_end(segment)
+        yield f"# commit log {layout.commitlog}: segments {bases}"
+        for off, item, n in scan_items(log, start, end):
             if isinstance(item, Record):
                 r = item
                 extra = f" roll={r.roll_count}" if r.roll_count else ""
@@ -511,33 +424,25 @@ def _dump_commitlog(d: Path, segment: int | None, start: int) -> Iterator[str]:
             else:
                 yield f"offset={off} DAMAGED {n} bytes: {type(item).__name__}: {item}"
     finally:
-        segs.close()
+        log.close()
 
 
-def _dump_timerlog(d: Path, start: int) -> Iterator[str]:
-    segs = ReadOnlySegments(d / "timerlog")
+def _dump_timerlog(layout: Layout, start: int) -> Iterator[str]:
+    tlog = TimerLog(layout.timerlog, BIG_SEGMENT // UNIT_SIZE, readonly=True)
     try:
-        yield f"# TimerLog {segs.directory}: [{segs.start}, {segs.end}), {(segs.end - segs.start) // UNIT_SIZE} units"
-        for base in segs.bases:
-            pos = max(base, start - start % UNIT_SIZE)
-            end = base + segs.sizes[base]
-            while pos + UNIT_SIZE <= end:
-                buf = segs.read(pos, min(CHUNK - CHUNK % UNIT_SIZE, end - pos))
-                for i in range(0, len(buf) - UNIT_SIZE + 1, UNIT_SIZE):
-                    yield _unit_line(buf, i, pos + i)
-                pos += len(buf) - len(buf) % UNIT_SIZE
+        yield f"# TimerLog {layout.timerlog}: [{tlog.start}, {tlog.end}), {(tlog.end - tlog.start) // UNIT_SIZE} units"
+        damaged: list[int] = []
+        for u in tlog.scan(start, None, damaged):
+            while damaged and damaged[0] < u.pos:
+                pos = damaged.pop(0)
+                yield f"pos={pos} DAMAGED raw={tlog.files.read(pos, UNIT_SIZE).hex()}"
+            yield (f"pos={u.pos} prev={u.prev_pos} magic={_magic(u.magic)} fire={_ts(u.fire_time)} "
+                   f"enqueued={u.enqueue_time} offset={u.commit_offset} size={u.commit_size} seq={u.seq} "
+                   f"topic_hash={u.topic_hash:#010x}")
+        for pos in damaged:
+            yield f"pos={pos} DAMAGED raw={tlog.files.read(pos, UNIT_SIZE).hex()}"
     finally:
-        segs.close()
-
-
-def _unit_line(buf: bytes, i: int, pos: int) -> str:
-    try:
-        u: Unit = unpack_unit(buf, i, pos)
-    except CorruptData as e:
-        return f"pos={pos} DAMAGED: {e} raw={bytes(buf[i:i + UNIT_SIZE]).hex()}"
-    return (f"pos={u.pos} prev={u.prev_pos} magic={_magic(u.magic)} fire={_ts(u.fire_time)} "
-            f"enqueued={u.enqueue_time} offset={u.commit_offset} size={u.commit_size} seq={u.seq} "
-            f"topic_hash={u.topic_hash:#010x}")
+        tlog.close()
 
 
 def _magic(m: int) -> str:
@@ -545,22 +450,22 @@ def _magic(m: int) -> str:
     return "|".join(names) if names else str(m)
 
 
-def _dump_wheel(d: Path) -> Iterator[str]:
-    path = d / "timerwheel"
+def _dump_wheel(layout: Layout) -> Iterator[str]:
+    path = layout.timerwheel
     precision, count, created = read_wheel_header(path)
     yield f"# TimerWheel {path}: {precision} ms x {count} slots (span {precision * count} ms), created {_ts(created)}"
     for idx, t, first, last, num, magic in iter_slots(path, count):
         yield f"slot={idx} time={_ts(t)} first={first} last={last} num={num} magic={_magic(magic)}"
 
 
-def _dump_checkpoint(d: Path) -> Iterator[str]:
-    for path in (d / "checkpoint", ckpt.previous(d / "checkpoint")):
+def _dump_checkpoint(layout: Layout) -> Iterator[str]:
+    for path in (layout.checkpoint, ckpt.previous(layout.checkpoint)):
         try:
             cp = ckpt.load(path)
         except FileNotFoundError:
             yield f"# {path.name}: missing"
             continue
-        except CorruptData as e:
+        except (CorruptData, UnsupportedVersion) as e:
             yield f"# {path.name}: INVALID {type(e).__name__}: {e}"
             continue
         yield f"# {path.name}: valid"
@@ -578,31 +483,27 @@ def _dump_checkpoint(d: Path) -> Iterator[str]:
         yield f"groups={sorted(cp.groups)}"
 
 
-def _dump_ready(d: Path, topic: str | None, start: int) -> Iterator[str]:
-    root = d / "ready"
-    topics = [topic] if topic else sorted(p.name for p in root.iterdir()) if root.is_dir() else []
-    for t in topics:
-        segs = ReadOnlySegments(root / t)
+def _dump_ready(layout: Layout, topic: str | None, start: int) -> Iterator[str]:
+    for t in [topic] if topic else _topics(layout):
+        q = ReadyQueue(layout.ready / t, BIG_SEGMENT // READY_UNIT_SIZE, readonly=True)
         try:
-            yield f"# ready queue {t}: units [{segs.start // READY_UNIT_SIZE}, {segs.end // READY_UNIT_SIZE})"
-            for index, off, size, th, deliver, released, seq in _ready_units(segs):
-                if index >= start:
-                    yield (f"topic={t} index={index} offset={off} size={size} tag_hash={th:#010x} "
-                           f"deliver_at={_ts(deliver)} released_at={released} late_ms={released - deliver} seq={seq}")
+            yield f"# ready queue {t}: units [{q.start}, {q.end})"
+            for u in q.scan(start):
+                yield (f"topic={t} index={u.index} offset={u.commit_offset} size={u.commit_size} "
+                       f"tag_hash={u.tag_hash:#010x} deliver_at={_ts(u.deliver_at)} released_at={u.released_at} "
+                       f"late_ms={u.released_at - u.deliver_at} seq={u.seq}")
         finally:
-            segs.close()
+            q.close()
 
 
-def _dump_msgtable(d: Path, start: int, config: object | None) -> Iterator[str]:
+def _dump_msgtable(layout: Layout, start: int, config: object | None) -> Iterator[str]:
     per_segment = int(getattr(config, "msgtable_segment_entries", 1 << 20))
-    root = d / "msgtable"
-    paths = sorted(p for p in root.iterdir() if p.name.isdigit()) if root.is_dir() else []
-    for p in paths:
-        with open(p, "rb") as f:
-            data = f.read()
-        first = int(p.name) * per_segment
-        for i, (state, flags, roll, size, off) in enumerate(ENTRY.iter_unpack(data[:len(data) - len(data) % ENTRY_SIZE])):
-            if state and first + i >= start:
-                name = MessageState(state).name if state <= max(MessageState) else str(state)
-                yield f"seq={first + i} state={name} flags={flags} roll={roll} offset={off} size={size}"
-
+    table = MessageTable(layout.msgtable, per_segment, readonly=True)
+    try:
+        for seg in table.segments():
+            for seq, state, flags, roll, size, off in table.entries(seg):
+                if seq >= start:
+                    name = MessageState(state).name if state <= max(MessageState) else str(state)
+                    yield f"seq={seq} state={name} flags={flags} roll={roll} offset={off} size={size}"
+    finally:
+        table.close()

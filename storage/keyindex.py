@@ -22,7 +22,9 @@ Table `keys` (one row per key):
     deliver_at  INTEGER  its due time, epoch ms
     done_at     INTEGER  when it was delivered (NULL while pending), for the dedup window
 
-Version history: 1 — original (`PRAGMA user_version`).
+Version history: 1 — original (`PRAGMA user_version`; `stored_version` reads it from the
+file header without opening the database, so a newer index is refused before anything is
+written).
 """
 
 from __future__ import annotations
@@ -34,6 +36,22 @@ from typing import Any
 from delayd.storage.errors import UnsupportedVersion
 
 KEYINDEX_VERSION = 1
+SQLITE_USER_VERSION_AT = 60  # the file header's user_version: a big-endian u32 at byte 60
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def stored_version(path: Path) -> int | None:
+    """The key index version recorded in `path` (SQLite's user_version, from the file header),
+    None when there is no readable database file. Reads 64 bytes; opens no connection (which
+    would create -wal and -shm files)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(SQLITE_USER_VERSION_AT + 4)
+    except FileNotFoundError:
+        return None
+    if len(head) < SQLITE_USER_VERSION_AT + 4 or not head.startswith(SQLITE_MAGIC):
+        return None
+    return int.from_bytes(head[SQLITE_USER_VERSION_AT:SQLITE_USER_VERSION_AT + 4], "big")
 
 
 Op = tuple[str, Any]
@@ -57,8 +75,8 @@ class KeyIndex:
         self.created = not self.path.exists()
         self.db = self._connect(cache_kib)
         version = self.db.execute("PRAGMA user_version").fetchone()[0]
-        if version not in (0, KEYINDEX_VERSION):
-            raise UnsupportedVersion(f"{self.path}: key index version {version}")
+        if version > KEYINDEX_VERSION:
+            raise UnsupportedVersion(str(self.path), version, KEYINDEX_VERSION)
         self.db.execute("CREATE TABLE IF NOT EXISTS keys (topic TEXT NOT NULL, key TEXT NOT NULL, "
                         "seq INTEGER NOT NULL, deliver_at INTEGER NOT NULL, done_at INTEGER, "
                         "PRIMARY KEY (topic, key)) WITHOUT ROWID")

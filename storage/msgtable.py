@@ -2,17 +2,30 @@
 
 It answers "where is message N now, and is it still pending?" without any per-message
 Python object: entries live in segment files read and written with pread/pwrite, so memory
-stays flat however many messages are scheduled. Entry `seq` lives at byte
-`(seq % SEGMENT_ENTRIES) * ENTRY_SIZE` of segment `seq // SEGMENT_ENTRIES`.
+stays flat however many messages are scheduled. Entry `seq` is entry `seq % segment_entries`
+of segment file `seq // segment_entries` (named by that number, 20 digits), at byte
+`header_len + (seq % segment_entries) * ENTRY_SIZE`.
 
     offset size  field       type  meaning
     ------ ----  ----------  ----  --------------------------------------------------------
        0     1   state       u8    MessageState
-       1     1   flags       u8    the store's bookkeeping bits (store.FLAG_SLOT, FLAG_FAR: where
-                                   the message is counted in the schedule); 0 when written
+       1     1   flags       u8    storage.schedule.Placed bits (where the message is counted in
+                                   the schedule); 0 when written
        2     2   roll_count  u16   roll copy that is current
        4     4   size        u32   length of the current commit-log record
        8     8   offset      i64   current commit-log record (original or latest roll copy)
+
+Segment header (format version 2; see storage.segments for the shared layout):
+
+    offset size  field       type  meaning
+    ------ ----  ----------  ----  --------------------------------------------------------
+       0     8   magic       8s    b"DLMSGTB\\xff" (MSGTABLE_FORMAT.magic)
+       8     2   version     u16   2
+      10     2   header_len  u16   32
+      12     4   unit_size   u32   ENTRY_SIZE (16)
+      16     8   base        u64   the segment's number (its file name)
+      24     4   reserved    u32   0
+      28     4   crc         u32   crc32 of bytes [0, 28)
 
 Hot paths (enqueue-put, dequeue) bracket their work in `begin_batch`/`end_batch`: the entries of
 a batch are read with one pread per run of nearby seqs and written back with one pwrite, instead
@@ -20,18 +33,29 @@ of a syscall per message.
 
 The table is derived data: recovery rebuilds what the checkpoint does not cover from the
 commit log (MESSAGE/ROLL/CANCEL records) and the ready queues (deliveries).
-Version history: 1 — original.
+
+Version history: 1 — original, segments without a header (still read: a version-1 segment
+starts with an entry, whose state byte is at most 3); 2 — the 32-byte segment header.
 """
 
 from __future__ import annotations
 
 import enum
 import os
-import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-ENTRY = struct.Struct("<BBHIq")
+from delayd.storage.bytetable import ByteTable
+from delayd.storage.segments import (
+    SEGMENT_HEADER_SIZE,
+    SegmentFormat,
+    list_segments,
+    open_fd,
+    read_header,
+    segment_name,
+)
+
+ENTRY = ByteTable("<BBHIq")
 ENTRY_SIZE = ENTRY.size
 assert ENTRY_SIZE == 16
 SEGMENT_ENTRIES = 1 << 20
@@ -44,6 +68,9 @@ class MessageState(enum.IntEnum):
     CANCELLED = 3
 
 
+MSGTABLE_VERSION = 2
+MSGTABLE_FORMAT = SegmentFormat("message table", b"DLMSGTB\xff", MSGTABLE_VERSION, ENTRY_SIZE,
+                                legacy=lambda first: first[0] <= max(MessageState))
 _STATES = tuple(MessageState)  # state byte -> MessageState without the (slow) Enum call
 _UNKNOWN_ENTRY = (MessageState.UNKNOWN, -1, 0, 0)
 BATCH_GAP = 256  # seqs this close share one read in a batch
@@ -67,14 +94,22 @@ class _Span:
 
 
 class MessageTable:
-    def __init__(self, directory: Path, segment_entries: int = SEGMENT_ENTRIES) -> None:
+    """With `readonly`, nothing is created or written (inspection next to a live daemon)."""
+
+    def __init__(self, directory: Path, segment_entries: int = SEGMENT_ENTRIES, *, readonly: bool = False) -> None:
         self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.readonly = readonly
+        if not readonly:
+            self.directory.mkdir(parents=True, exist_ok=True)
         self.segment_entries = segment_entries
         self._fds: dict[int, int] = {}
+        self._hdr: dict[int, int] = {}  # segment -> bytes before entry 0 (0: a version-1 file)
         self._dirty: set[int] = set()
         self._batch: dict[int, tuple[_Span, int]] | None = None  # seq -> (span, byte offset in it)
         self._spans: list[_Span] = []
+
+    def _path(self, segment: int) -> Path:
+        return self.directory / segment_name(segment)
 
     # -- batches: the same reads and writes, a few syscalls for many entries ------------------
     def begin_batch(self, seqs: Iterable[int]) -> None:
@@ -91,12 +126,10 @@ class MessageTable:
             j = i + 1
             while j < len(ordered) and ordered[j] // per == seg and ordered[j] - ordered[j - 1] <= BATCH_GAP:
                 j += 1
-            fd = self._fds.get(seg)
-            if fd is None and (self.directory / f"{seg:020d}").exists():
-                fd = self._fd(seg)
+            fd = self._open(seg, create=False)
             if fd is not None:
                 hi = ordered[j - 1] % per
-                raw = os.pread(fd, (hi - lo + 1) * ENTRY_SIZE, lo * ENTRY_SIZE)
+                raw = os.pread(fd, (hi - lo + 1) * ENTRY_SIZE, self._hdr[seg] + lo * ENTRY_SIZE)
                 buf = bytearray(raw)
                 buf.extend(bytes((hi - lo + 1) * ENTRY_SIZE - len(raw)))
                 span = _Span(seg, lo, buf, len(raw))
@@ -108,18 +141,56 @@ class MessageTable:
         self._batch = index
 
     def end_batch(self) -> None:
-        for span in self._spans:
-            if span.lo < span.hi:
-                os.pwrite(self._fd(span.seg), span.buf[span.lo:span.hi], span.first * ENTRY_SIZE + span.lo)
-                self._dirty.add(span.seg)
-        self._spans = []
-        self._batch = None
+        try:
+            for span in self._spans:
+                if span.lo < span.hi:
+                    os.pwrite(self._fd(span.seg), span.buf[span.lo:span.hi],
+                              self._hdr[span.seg] + span.first * ENTRY_SIZE + span.lo)
+                    self._dirty.add(span.seg)
+        finally:
+            self._spans = []
+            self._batch = None
+
+    def _open(self, segment: int, create: bool) -> int | None:
+        """The segment's fd (cached), creating the file with its header when `create`; None
+        when it does not exist and may not be created."""
+        fd = self._fds.get(segment)
+        if fd is not None:
+            return fd
+        path = self._path(segment)
+        if self.readonly or not create:
+            if not path.exists():
+                return None
+            hdr, _n = read_header(MSGTABLE_FORMAT, path, segment)
+            fd = open_fd(path, os.O_RDONLY if self.readonly else os.O_RDWR)
+        else:
+            fd = open_fd(path, os.O_RDWR | os.O_CREAT)
+            try:
+                size = os.fstat(fd).st_size
+                if size < SEGMENT_HEADER_SIZE and (size == 0 or os.pread(fd, 8, 0) == MSGTABLE_FORMAT.magic[:size]):
+                    # New (or torn while its header was written): the header goes first.
+                    os.ftruncate(fd, 0)
+                    os.pwrite(fd, MSGTABLE_FORMAT.pack(segment), 0)
+                    hdr = SEGMENT_HEADER_SIZE
+                else:
+                    hdr, _n = read_header(MSGTABLE_FORMAT, path, segment)
+            except BaseException:
+                os.close(fd)
+                raise
+        self._fds[segment] = fd
+        self._hdr[segment] = hdr
+        return fd
+
+    def prepare(self, first_seq: int, last_seq: int) -> None:
+        """Open (creating) the segments that entries first_seq..last_seq go to: done before the
+        commit-log append of a produce, so running out of descriptors stops it before anything
+        is stored rather than after."""
+        for seg in range(first_seq // self.segment_entries, last_seq // self.segment_entries + 1):
+            self._fd(seg)
 
     def _fd(self, segment: int) -> int:
-        fd = self._fds.get(segment)
-        if fd is None:
-            fd = os.open(self.directory / f"{segment:020d}", os.O_RDWR | os.O_CREAT, 0o644)
-            self._fds[segment] = fd
+        fd = self._open(segment, create=True)
+        assert fd is not None
         return fd
 
     def get(self, seq: int) -> tuple[MessageState, int, int, int]:
@@ -137,23 +208,22 @@ class MessageTable:
         seg, idx = divmod(seq, self.segment_entries)
         fd = self._fds.get(seg)
         if fd is None:
-            if not (self.directory / f"{seg:020d}").exists():
-                return MessageState.UNKNOWN, -1, 0, 0
-            fd = self._fd(seg)
-        raw = os.pread(fd, ENTRY_SIZE, idx * ENTRY_SIZE)
+            fd = self._open(seg, create=False)
+            if fd is None:
+                return _UNKNOWN_ENTRY
+        raw = os.pread(fd, ENTRY_SIZE, self._hdr[seg] + idx * ENTRY_SIZE)
         if len(raw) < ENTRY_SIZE:
-            return MessageState.UNKNOWN, -1, 0, 0
+            return _UNKNOWN_ENTRY
         state, _f, roll, size, offset = ENTRY.unpack(raw)
-        try:
-            return MessageState(state), offset, size, roll
-        except ValueError:
-            return MessageState.UNKNOWN, -1, 0, 0
+        if state >= len(_STATES):
+            return _UNKNOWN_ENTRY
+        return _STATES[state], offset, size, roll
 
     def has_entry(self, seq: int) -> bool:
         """Whether the segment file of `seq` exists and reaches its entry (written or not)."""
         seg, idx = divmod(seq, self.segment_entries)
-        path = self.directory / f"{seg:020d}"
-        return path.exists() and path.stat().st_size >= (idx + 1) * ENTRY_SIZE
+        fd = self._open(seg, create=False)
+        return fd is not None and os.fstat(fd).st_size >= self._hdr[seg] + (idx + 1) * ENTRY_SIZE
 
     def set(self, seq: int, state: MessageState, offset: int, size: int, roll_count: int = 0) -> None:
         if self._batch is not None and seq in self._batch:
@@ -162,7 +232,8 @@ class MessageTable:
             span.touch(at, at + ENTRY_SIZE)
             return
         seg, idx = divmod(seq, self.segment_entries)
-        os.pwrite(self._fd(seg), ENTRY.pack(state, 0, roll_count, size, offset), idx * ENTRY_SIZE)
+        fd = self._fd(seg)
+        os.pwrite(fd, ENTRY.pack(state, 0, roll_count, size, offset), self._hdr[seg] + idx * ENTRY_SIZE)
         self._dirty.add(seg)
 
     def set_state(self, seq: int, state: MessageState) -> None:
@@ -172,16 +243,20 @@ class MessageTable:
             span.touch(at, at + 1)
             return
         seg, idx = divmod(seq, self.segment_entries)
-        os.pwrite(self._fd(seg), bytes((state,)), idx * ENTRY_SIZE)
+        fd = self._fd(seg)
+        os.pwrite(fd, bytes((state,)), self._hdr[seg] + idx * ENTRY_SIZE)
         self._dirty.add(seg)
 
     def flags(self, seq: int) -> int:
-        """The entry's flags byte (the store's bookkeeping bits), 0 when never written."""
+        """The entry's flags byte (storage.schedule.Placed bits), 0 when never written."""
         if self._batch is not None and seq in self._batch:
             span, at = self._batch[seq]
             return span.buf[at + 1] if at + 2 <= span.valid else 0
         seg, idx = divmod(seq, self.segment_entries)
-        raw = os.pread(self._fd(seg), 1, idx * ENTRY_SIZE + 1)
+        fd = self._open(seg, create=False)
+        if fd is None:
+            return 0
+        raw = os.pread(fd, 1, self._hdr[seg] + idx * ENTRY_SIZE + 1)
         return raw[0] if raw else 0
 
     def set_flags(self, seq: int, flags: int) -> None:
@@ -191,7 +266,8 @@ class MessageTable:
             span.touch(at + 1, at + 2)
             return
         seg, idx = divmod(seq, self.segment_entries)
-        os.pwrite(self._fd(seg), bytes((flags,)), idx * ENTRY_SIZE + 1)
+        fd = self._fd(seg)
+        os.pwrite(fd, bytes((flags,)), self._hdr[seg] + idx * ENTRY_SIZE + 1)
         self._dirty.add(seg)
 
     def set_run(self, first_seq: int, entries: list[tuple[MessageState, int, int, int]]) -> None:
@@ -201,7 +277,8 @@ class MessageTable:
             seg, idx = divmod(seq, self.segment_entries)
             n = min(len(entries) - i, self.segment_entries - idx)
             buf = b"".join(ENTRY.pack(st, 0, roll, size, off) for st, off, size, roll in entries[i:i + n])
-            os.pwrite(self._fd(seg), buf, idx * ENTRY_SIZE)
+            fd = self._fd(seg)
+            os.pwrite(fd, buf, self._hdr[seg] + idx * ENTRY_SIZE)
             self._dirty.add(seg)
             seq, i = seq + n, i + n
 
@@ -217,67 +294,80 @@ class MessageTable:
 
     def dirty_handles(self) -> list[int]:
         """Duplicated fds of segments written since the last call (fsync them anywhere)."""
-        fds = [os.dup(self._fds[seg]) for seg in self._dirty if seg in self._fds]
+        fds: list[int] = []
+        try:
+            for seg in self._dirty:
+                if seg in self._fds:
+                    fds.append(os.dup(self._fds[seg]))
+        except OSError:
+            for fd in fds:
+                os.close(fd)
+            raise
         self._dirty.clear()
         return fds
 
-    def delete_before(self, seq: int) -> int:
-        """Drop whole segments of entries below `seq` (all final and past retention)."""
-        n = 0
-        for path in sorted(self.directory.iterdir()):
-            if path.name.isdigit() and (int(path.name) + 1) * self.segment_entries <= seq:
-                fd = self._fds.pop(int(path.name), None)
-                if fd is not None:
-                    os.close(fd)
-                path.unlink()
-                n += 1
-        return n
-
     def segments(self) -> list[int]:
-        return [int(p.name) for p in self.directory.iterdir() if p.name.isdigit()]
+        return list_segments(self.directory)
+
+    def entries(self, segment: int) -> Iterator[tuple[int, int, int, int, int, int]]:
+        """(seq, state, flags, roll_count, size, offset) of every entry of one segment whose
+        state byte is not 0, read in large chunks (retention, `delayd check`/`dump`)."""
+        fd = self._open(segment, create=False)
+        if fd is None:
+            return
+        first = segment * self.segment_entries
+        pos, hdr = 0, self._hdr[segment]
+        while pos < self.segment_entries * ENTRY_SIZE:
+            buf = os.pread(fd, 1 << 20, hdr + pos)
+            if len(buf) < ENTRY_SIZE:
+                return
+            for i, (state, flags, roll, size, off) in enumerate(ENTRY.iter_unpack(buf[:len(buf) - len(buf) % ENTRY_SIZE])):
+                if state:
+                    yield first + pos // ENTRY_SIZE + i, state, flags, roll, size, off
+            pos += len(buf) - len(buf) % ENTRY_SIZE
 
     def blocker(self, segment: int, offset: int) -> tuple[str, int] | None:
         """Why `segment` cannot be dropped yet: ("pending", seq) for a scheduled message,
         ("record", seq) for a final message whose record is at or after `offset`; None
         when every entry is final and its record is gone."""
-        fd = self._fd(segment)
-        pos, size = 0, self.segment_entries * ENTRY_SIZE
-        first = segment * self.segment_entries
-        while pos < size:
-            buf = os.pread(fd, 1 << 20, pos)
-            if not buf:
-                break
-            for i, (state, _f, _r, _s, off) in enumerate(ENTRY.iter_unpack(buf[:len(buf) - len(buf) % ENTRY_SIZE])):
-                if state == MessageState.SCHEDULED:
-                    return "pending", first + (pos // ENTRY_SIZE) + i
-                if state and off >= offset:
-                    return "record", first + (pos // ENTRY_SIZE) + i
-            pos += len(buf)
+        for seq, state, _f, _r, _s, off in self.entries(segment):
+            if state == MessageState.SCHEDULED:
+                return "pending", seq
+            if off >= offset:
+                return "record", seq
         return None
 
     def delete_segment(self, segment: int) -> int:
         fd = self._fds.pop(segment, None)
         if fd is not None:
             os.close(fd)
+        self._hdr.pop(segment, None)
         self._dirty.discard(segment)
-        path = self.directory / f"{segment:020d}"
+        path = self._path(segment)
         if path.exists():
             path.unlink()
             return 1
         return 0
 
+    def delete_before(self, seq: int) -> int:
+        """Drop whole segments of entries below `seq` (all final and past retention)."""
+        return sum(self.delete_segment(seg) for seg in self.segments() if (seg + 1) * self.segment_entries <= seq)
+
     def reset(self) -> None:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
-        for path in self.directory.iterdir():
-            path.unlink()
+        self._hdr.clear()
+        self._dirty.clear()
+        for seg in self.segments():
+            self._path(seg).unlink()
 
     def disk_bytes(self) -> int:
-        return sum(p.stat().st_size for p in self.directory.iterdir())
+        return sum(self._path(seg).stat().st_size for seg in self.segments())
 
     def close(self) -> None:
-        self.flush()
+        if not self.readonly:
+            self.flush()
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()

@@ -12,23 +12,43 @@ A unit's index (0, 1, 2, …) is its queue offset; consumer groups keep cursors 
       24     8   released_at    i64   when the broker made it visible, epoch ms
       32     8   seq            u64   message sequence number
 
-Version history: 1 — original.
+Segment header (format version 2; see storage.segments for the shared layout):
+
+    offset size  field       type  meaning
+    ------ ----  ----------  ----  ------------------------------------------------------
+       0     8   magic       8s    b"DLREADY\\xff" (READY_FORMAT.magic)
+       8     2   version     u16   2
+      10     2   header_len  u16   32
+      12     4   unit_size   u32   UNIT_SIZE (40)
+      16     8   base        u64   the segment's base (bytes over the units; its file name)
+      24     4   reserved    u32   0
+      28     4   crc         u32   crc32 of bytes [0, 28)
+
+Unit indexes count units only: the header is not part of them.
+
+Version history: 1 — original, segments without a header (still read: a version-1 segment
+starts with a unit, whose commit_offset is never negative, so its byte 7 is below 0x80 — the
+magic's byte 7 is 0xff); 2 — the 32-byte segment header.
 """
 
 from __future__ import annotations
 
-import struct
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from delayd.storage.bytetable import ByteTable
 from delayd.storage.errors import DiskFull
-from delayd.storage.segments import SegmentedFile
+from delayd.storage.segments import SegmentedFile, SegmentFormat
 
-UNIT = struct.Struct("<qIIqqQ")
+UNIT = ByteTable("<qIIqqQ")
 UNIT_SIZE = UNIT.size
 assert UNIT_SIZE == 40
+READY_VERSION = 2
+SIGN_BIT = 0x80  # of byte 7 of a little-endian i64: set only for a negative commit_offset
+READY_FORMAT = SegmentFormat("ready queue", b"DLREADY\xff", READY_VERSION, UNIT_SIZE,
+                             legacy=lambda first: len(first) == 8 and first[7] < SIGN_BIT)
 
 
 def tag_hash(tag: str | None) -> int:
@@ -47,11 +67,16 @@ class ReadyUnit:
 
 
 class ReadyQueue:
-    def __init__(self, directory: Path, segment_units: int = 1 << 18) -> None:
-        self.files = SegmentedFile(Path(directory), segment_units * UNIT_SIZE, unit=UNIT_SIZE)
+    """One topic's queue. Opening creates the directory and its first segment (so only a
+    release opens a queue that does not exist yet) and cuts a torn unit off the end; with
+    `readonly` it does neither."""
+
+    def __init__(self, directory: Path, segment_units: int = 1 << 18, *, readonly: bool = False) -> None:
+        self.files = SegmentedFile(Path(directory), segment_units * UNIT_SIZE, unit=UNIT_SIZE, fmt=READY_FORMAT,
+                                   readonly=readonly)
         tail = self.files.end % UNIT_SIZE
-        if tail:
-            self.files.truncate(self.files.end - tail)
+        if tail and not readonly:
+            self.files.truncate(self.files.end - tail, "ready queue: torn unit")
         self._stats: dict[int, tuple[int, int]] = {}  # segment base (bytes) -> (min offset, max released)
 
     @property
@@ -79,7 +104,7 @@ class ReadyQueue:
         except DiskFull:
             # All or nothing: the caller retries the whole batch, which must not queue a
             # message twice.
-            self.files.truncate(first * UNIT_SIZE)
+            self.files.truncate(first * UNIT_SIZE, "ready queue: undo a write that hit a full disk")
             raise
         return first
 
@@ -128,7 +153,7 @@ class ReadyQueue:
             idx = batch[-1].index + 1
 
     def truncate(self, units: int) -> int:
-        return self.files.truncate(units * UNIT_SIZE) // UNIT_SIZE
+        return self.files.truncate(units * UNIT_SIZE, "ready queue") // UNIT_SIZE
 
     def flush(self) -> None:
         self.files.flush()

@@ -1,33 +1,46 @@
 """Recovery: scan, check, truncate, count — then re-index through the normal path.
 
-Mixed into storage.store.Store (it uses the store's files and counters). The sequence and
-why it is safe are in the Store module's docstring; each repair is counted in the
-RecoveryReport, whose `line()` is the one summary log line.
+`open_store(path, cfg)` opens a data directory (LOCK, format check, node id: storage.datadir)
+and `recover(data, cfg)` builds every component from the files and then the Store. The
+sequence and why it is safe are in storage.store's docstring. Its first part only reads (which
+checkpoint to trust, whether the wheel's geometry fits): the first write is the commit-log scan's
+cut of a torn tail, and that scan raises UnsupportedVersion on a record of a newer format before
+it cuts anything — data a newer build wrote is refused, never repaired. Each repair is counted
+in the RecoveryReport, whose `line()` is the one summary log line; every truncation is also
+logged at WARNING with what it cut.
 """
 
 from __future__ import annotations
 
 import logging
+import sqlite3
 import time
-import zlib
-from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from pathlib import Path
 
 from delayd.storage import checkpoint as ckpt
 from delayd.storage import farindex
-from delayd.storage.commitlog import Record, RecordType, ScanReport
+from delayd.storage.commitlog import CommitLog, Record, RecordType, ScanReport
+from delayd.storage.counters import Counters
+from delayd.storage.datadir import DataDir, Layout
+from delayd.storage.dispatch import Dispatch
 from delayd.storage.errors import CorruptData, GeometryMismatch, Insane, StorageError
+from delayd.storage.indexer import Indexer
 from delayd.storage.keyindex import KeyIndex
-from delayd.storage.msgtable import MessageState
+from delayd.storage.msgtable import MessageState, MessageTable
+from delayd.storage.readyqueues import ReadyQueues
+from delayd.storage.retention import Retention
+from delayd.storage.schedule import Placed, Schedule
+from delayd.storage.store import Store, StoreConfig
 from delayd.storage.timerindex import TimerIndex
-from delayd.storage.timerlog import TimerLog
+from delayd.storage.timerlog import UNIT_SIZE, TimerLog
 from delayd.storage.timerwheel import TimerWheel
-
-if TYPE_CHECKING:
-    from delayd.storage.store import Store
+from delayd.storage.timerwheel import validate as validate_wheel
 
 log = logging.getLogger("delayd.storage")
+
+REPLAY_BATCH = 4096  # records per indexing call while re-indexing
 
 
 @dataclass(slots=True)
@@ -57,194 +70,92 @@ class RecoveryReport:
                 f"{self.far_replayed} messages replayed")
 
 
-def recover(store: Store) -> RecoveryReport:
-    t0 = time.monotonic()
-    rep = RecoveryReport()
-    tlog = TimerLog(store.dir / "timerlog", store.cfg.timerlog_segment_units)
-    cp = _load_checkpoint(store, rep, tlog.end)
-
-    wheel_path = store.dir / "timerwheel"
+def open_store(path: Path, cfg: StoreConfig | None = None, clock_ms: Callable[[], int] | None = None, *,
+               node_id: str | None = None) -> tuple[Store, RecoveryReport]:
+    """Open the data directory at `path` and recover it: the Store, and what recovery did."""
+    data = DataDir.open(Path(path), node_id)
     try:
-        wheel = TimerWheel(wheel_path, store.cfg.precision_ms, store.cfg.slot_count)
-    except (GeometryMismatch, CorruptData) as e:
-        aside = wheel_path.with_name(f"timerwheel.bad-{int(time.time())}")
-        wheel_path.rename(aside)
-        log.warning("TimerWheel unusable (%s); moved to %s and rebuilding", e, aside.name)
-        wheel = TimerWheel(wheel_path, store.cfg.precision_ms, store.cfg.slot_count)
-        rep.wheel = f"rebuilt ({type(e).__name__})"
-        if isinstance(e, GeometryMismatch) and cp is not None:
-            # The TimerLog's chains follow the old slots and cannot be re-linked into the new
-            # ones: index everything again from the commit log, as without a checkpoint.
-            rep.checkpoint = f"set aside: wheel geometry changed; full rescan (checkpoint {rep.checkpoint})"
-            cp = None
-    store.timers = TimerIndex(tlog, wheel)
-    start = cp.commit_indexed if cp else store.commit.start
-    rep.commit = store.commit.recover(start)
-
-    now = store.clock_ms()
-    if cp is not None:
-        _restore(store, cp)
-        if rep.wheel == "ok" and (wheel.created or store.timers.check_slots()):
-            rep.wheel = "rebuilt (missing)" if wheel.created else "rebuilt (damaged slots)"
-        if rep.wheel == "ok":
-            try:
-                rep.units_stripped = store.timers.strip_after(cp.timerlog_end)
-            except CorruptData as e:
-                rep.wheel = f"rebuilt (damaged TimerLog: {e})"
-        if rep.wheel != "ok":
-            rebuild_wheel(store, cp.timerlog_end)
-        rep.timerlog_truncated = tlog.truncate(cp.timerlog_end)
-    else:
-        # No usable checkpoint: every derived structure is rebuilt from the commit log.
-        # A checkpoint file left in place would describe the TimerLog and wheel about to be
-        # discarded; trusted after a crash before the next checkpoint it would lose messages.
-        for p in (store.dir / "checkpoint", ckpt.previous(store.dir / "checkpoint")):
-            if p.exists():
-                p.rename(p.with_name(f"{p.name}.bad-{int(time.time() * 1000)}"))
-        tlog.files.reset(tlog.end)
-        wheel.reset()
-        store.read_time_ms = store.load_time_ms = store.timers.wheel.slot_time(now)
-        if rep.wheel == "ok" and not wheel.created:
-            rep.wheel = "rebuilt (no checkpoint)"
-    store.indexed = start
-
-    # Deliveries past the checkpoint: the ready queues are their record. Counters change
-    # only with appends (produce/cancel to the commit log, release to a ready queue), so
-    # replaying exactly the appends after the checkpoint's snapshot makes them exact.
-    ends = cp.ready_ends if cp else {}
-    for topic, q in store.ready.items():
-        for u in q.scan(ends.get(topic, 0)):
-            st, off, size, roll = store.msgs.get(u.seq)
-            if st != MessageState.DELIVERED:
-                store.msgs.set(u.seq, MessageState.DELIVERED, off if off >= 0 else u.commit_offset,
-                              size or u.commit_size, roll)
-            if cp is not None:
-                store._count(topic, "scheduled", -1)
-            store._count(topic, "delivered_total", 1)
-            store.totals["delivered"] += 1
-            rep.ready_replayed += 1
-    if cp is not None:
-        for rec in store.commit.scan(cp.commit_end):
-            _count_append(store, rec)
-
-    # Without a checkpoint the message table is first brought up to date from the whole log,
-    # so that indexing below sees each message's final record and state.
-    store._full = cp is None
-    if store._full:
-        for rec in store.commit.scan(start):
-            _rebuild_message_state(store, rec)
-    # Re-index the commit log from C: the normal enqueue path, batch by batch.
-    batch: list[Record] = []
-    for rec in store.commit.scan(start):
-        store.next_seq = max(store.next_seq, rec.seq + 1)
-        if rec.type == RecordType.GROUP:
-            rep.group_events.append(rec)
-        elif not store._full:
-            # Message-table writes after the checkpoint were never fsynced: after a power
-            # cut they may be gone. The log says what they were.
-            _restore_state(store, rec)
-        batch.append(rec)
-        if len(batch) >= 4096:
-            rep.replayed_records += store.index(batch, now)
-            batch = []
-    if batch:
-        rep.replayed_records += store.index(batch, now)
-    store._full = False
-    store.late.clear()  # recovered units sit in slot R, which dequeue-get loads first anyway
-    store.indexed = store.commit.end
-    _recover_keys(store, cp, rep)
-    _recover_far(store, cp, rep)
-    rep.seconds = time.monotonic() - t0
-    return rep
+        return recover(data, cfg or StoreConfig(), clock_ms or (lambda: int(time.time() * 1000)))
+    except BaseException:
+        data.close()
+        raise
 
 
-def open_keys(store: Store) -> KeyIndex:
-    import sqlite3
-    path = store.dir / "keys.sqlite"
+def _aside(path: Path, why: str) -> Path:
+    aside = path.with_name(f"{path.name}.bad-{int(time.time() * 1000)}")
+    path.rename(aside)
+    log.warning("%s unusable (%s); moved to %s", path.name, why, aside.name)
+    return aside
+
+
+# ------------------------------------------------------------------------------ read-only first part
+
+@dataclass(slots=True)
+class _Found:
+    """What the read-only part decided."""
+    checkpoint: ckpt.Checkpoint | None
+    timerlog_bad: str | None  # why the TimerLog cannot be used (None: it can)
+    msgtable_bad: str | None
+    wheel_bad: CorruptData | GeometryMismatch | None
+    wheel_missing: bool
+
+
+def _inspect(layout: Layout, cfg: StoreConfig, commit: CommitLog, rep: RecoveryReport) -> _Found:
+    timerlog_bad = msgtable_bad = None
+    timerlog_end = 0
     try:
-        keys = KeyIndex(path)
-        keys.count()
-        return keys
-    except (sqlite3.DatabaseError, CorruptData) as e:
-        log.warning("key index unusable (%s); rebuilding it from the commit log", e)
-        for p in store.dir.glob("keys.sqlite*"):
-            p.rename(p.with_name(p.name.replace("keys.sqlite", f"keys.bad-{int(time.time())}.sqlite")))
-        store.keys_rebuilt = True
-        return KeyIndex(path)
+        tl = TimerLog(layout.timerlog, cfg.timerlog_segment_units, readonly=True)
+        timerlog_end = tl.end - tl.end % UNIT_SIZE
+        tl.close()
+    except CorruptData as e:
+        timerlog_bad = f"{type(e).__name__}: {e}"
+    msgs = MessageTable(layout.msgtable, cfg.msgtable_segment_entries, readonly=True)
+    try:
+        for seg in msgs.segments():
+            msgs.has_entry(seg * cfg.msgtable_segment_entries)  # reads and checks the header
+    except CorruptData as e:
+        msgtable_bad = f"{type(e).__name__}: {e}"
+    wheel_bad: CorruptData | GeometryMismatch | None = None
+    wheel_missing = not layout.timerwheel.exists() or layout.timerwheel.stat().st_size == 0
+    if not wheel_missing:
+        try:
+            validate_wheel(layout.timerwheel, cfg.precision_ms, cfg.slot_count)
+        except (CorruptData, GeometryMismatch) as e:
+            wheel_bad = e
+    try:
+        cp = _load_checkpoint(layout, commit, msgs, rep, timerlog_end,
+                              msgtable_usable=layout.msgtable.is_dir() and msgtable_bad is None)
+    finally:
+        msgs.close()
+    if cp is not None and isinstance(wheel_bad, GeometryMismatch):
+        # The TimerLog's chains follow the old slots and cannot be re-linked into the new
+        # ones: index everything again from the commit log, as without a checkpoint.
+        rep.checkpoint = f"set aside: wheel geometry changed; full rescan (checkpoint {rep.checkpoint})"
+        cp = None
+    return _Found(cp, timerlog_bad, msgtable_bad, wheel_bad, wheel_missing)
 
 
-def _recover_keys(store: Store, cp: ckpt.Checkpoint | None, rep: RecoveryReport) -> None:
-    """Bring the key index up to the log: replay from where its own commit says it is
-    complete (or from the checkpoint, whichever is older; everything if it is behind the
-    oldest segment or was rebuilt)."""
-    pos = min(store.keys.commit_pos, cp.commit_indexed if cp else store.commit.start)
-    if store.keys_rebuilt or pos < store.commit.start or (
-            store.keys.created and store.commit.end > store.commit.start):
-        store.keys.reset()
-        pos = store.commit.start
-        rep.keys = "rebuilt"
-    rows: list[tuple[str, str, int, int]] = []
-    for rec in store.commit.scan(pos):
-        if rec.key is None:
-            continue
-        rep.keys_replayed += 1
-        if rec.type == RecordType.MESSAGE:
-            rows.append((rec.topic, rec.key, rec.seq, rec.deliver_at))
-        elif rec.type == RecordType.CANCEL:
-            store.keys.put_many(rows)
-            rows = []
-            store.keys.release(rec.topic, rec.key, rec.seq)
-    store.keys.put_many(rows)
-    store.keys.commit(store.commit.end)
-    ends = cp.ready_ends if cp else {}
-    done = []
-    for topic, q in store.ready.items():
-        for u in q.scan(ends.get(topic, 0)):
-            try:
-                rec = store.commit.read(u.commit_offset, u.commit_size)
-            except (StorageError, CorruptData):
-                continue
-            if rec.key is not None:
-                done.append((u.released_at, topic, rec.key, u.seq))
-    store.keys.delivered(done)
-    store.keys.commit(store.commit.end)
-
-
-def _recover_far(store: Store, cp: ckpt.Checkpoint | None, rep: RecoveryReport) -> None:
-    """Bring the far index up to the log (storage.farindex): replay from where its own commit
-    says it is complete, or rebuild it from the oldest segment when it is new or unusable or
-    the message table was just rebuilt."""
-    from delayd.storage.store import FLAG_FAR  # the store imports this module
-    pos = min(store.far.commit_pos, cp.commit_indexed if cp else store.commit.start)
-    if store.far_rebuild or cp is None or pos < store.commit.start:
-        store.far.reset()
-        pos = store.commit.start
-        rep.far = "rebuilt"
-    rep.far_replayed = farindex.replay(store.far, store.commit.scan(pos), store.msgs, FLAG_FAR)
-    store.far.commit(store.indexed)
-    store.far_rebuild = False
-
-
-def _load_checkpoint(store: Store, rep: RecoveryReport, timerlog_end: int) -> ckpt.Checkpoint | None:
+def _load_checkpoint(layout: Layout, commit: CommitLog, msgs: MessageTable, rep: RecoveryReport,
+                     timerlog_end: int, msgtable_usable: bool) -> ckpt.Checkpoint | None:
     """The newest valid checkpoint (current, else the previous one), or None. Besides its
     own checks, it must agree with the files it describes: a derived file that lost what the
     checkpoint counts on (a truncated TimerLog, a deleted message table) forces a rescan."""
     problems = []
-    for path in (store.dir / "checkpoint", ckpt.previous(store.dir / "checkpoint")):
+    for path in (layout.checkpoint, ckpt.previous(layout.checkpoint)):
         try:
             cp = ckpt.load(path)
-            if cp.commit_end > store.commit.end:
-                raise Insane(f"expects a commit log of {cp.commit_end} bytes, found {store.commit.end}")
-            if cp.commit_indexed < store.commit.start:
+            if cp.commit_end > commit.end:
+                raise Insane(f"expects a commit log of {cp.commit_end} bytes, found {commit.end}")
+            if cp.commit_indexed < commit.start:
                 raise Insane("points before the oldest commit-log segment")
             if cp.timerlog_end > timerlog_end:
                 raise Insane(f"expects a TimerLog of {cp.timerlog_end} bytes, found {timerlog_end}")
-            last, per = cp.next_seq - 1, store.msgs.segment_entries
-            if last > 0 and (not store._msgtable_existed or (
-                    (last // per + 1) * per > cp.next_seq and not store.msgs.has_entry(last))):
+            last, per = cp.next_seq - 1, msgs.segment_entries
+            if last > 0 and (not msgtable_usable or (
+                    (last // per + 1) * per > cp.next_seq and not msgs.has_entry(last))):
                 # (A segment wholly below next_seq may be gone to retention, never a partial one.)
                 raise Insane(f"the message table lacks entries up to seq {last}")
-            if not store._msgtable_existed and store.commit.end > store.commit.start:
+            if not msgtable_usable and commit.end > commit.start:
                 # An older checkpoint (even an empty one, next_seq 1) is no help either: the
                 # replay after it needs the entries that every append wrote.
                 raise Insane("the message table is missing")
@@ -262,63 +173,244 @@ def _load_checkpoint(store: Store, rep: RecoveryReport, timerlog_end: int) -> ck
     return None
 
 
-def _restore(store: Store, cp: ckpt.Checkpoint) -> None:
-    store.next_seq = cp.next_seq
-    store.read_time_ms = store.load_time_ms = cp.read_time_ms
-    store.totals.update(cp.counters.get("totals", {}))
-    store.topic_counts = {t: dict(c) for t, c in cp.counters.get("topics", {}).items()}
-    for t in store.topic_counts:
-        store.topic_names[zlib.crc32(t.encode())] = t
-    if cp.schedule:
-        raw = zlib.decompress(cp.schedule)
-        if len(raw) == 4 * store.cfg.slot_count:
-            store.slot_counts = array("i", raw)
-    store.far_counts = dict(cp.far_schedule)
-    store.groups_snapshot = cp.groups
-    store.indexed_at = dict(cp.indexed_at)
-    store.durable_indexed = cp.commit_indexed
+# ------------------------------------------------------------------------------ recovery
+
+def recover(data: DataDir, cfg: StoreConfig, clock_ms: Callable[[], int]) -> tuple[Store, RecoveryReport]:
+    t0 = time.monotonic()
+    rep = RecoveryReport()
+    layout = data.layout
+    commit = CommitLog(layout.commitlog, cfg.commit_segment_bytes)
+    found = _inspect(layout, cfg, commit, rep)
+    cp = found.checkpoint
+    start = cp.commit_indexed if cp else commit.start
+    # The first write: cutting a torn tail. A newer record on the way raises before it.
+    rep.commit = commit.recover(start)
+
+    if found.timerlog_bad:
+        _aside(layout.timerlog, found.timerlog_bad)
+    if found.msgtable_bad:
+        _aside(layout.msgtable, found.msgtable_bad)
+    tlog = TimerLog(layout.timerlog, cfg.timerlog_segment_units)
+    tlog.cut_torn_tail()
+    if found.wheel_bad is not None:
+        _aside(layout.timerwheel, f"{type(found.wheel_bad).__name__}: {found.wheel_bad}")
+        rep.wheel = f"rebuilt ({type(found.wheel_bad).__name__})"
+    wheel = TimerWheel(layout.timerwheel, cfg.precision_ms, cfg.slot_count)
+    msgs = MessageTable(layout.msgtable, cfg.msgtable_segment_entries)
+    keys, keys_rebuilt = open_keys(layout.keys)
+    far, far_rebuild = farindex.open_far(layout.far)
+    ready = ReadyQueues(layout.ready, cfg.ready_segment_units, cfg.ready_open_files)
+    timers = TimerIndex(tlog, wheel)
+    counters = Counters()
+    schedule = Schedule(cfg.precision_ms, cfg.slot_count)
+    dispatch = Dispatch(commit=commit, msgs=msgs, timers=timers, schedule=schedule, counters=counters, ready=ready,
+                        keys=keys, load_time_ms=0, read_time_ms=0)
+    indexer = Indexer(roll_window_ms=cfg.roll_window_ms, commit=commit, msgs=msgs, timers=timers, schedule=schedule,
+                      counters=counters, dispatch=dispatch, far=far, indexed=start)
+    retention = Retention(roll_window_ms=cfg.roll_window_ms, lookahead_ms=cfg.lookahead_ms,
+                          precision_ms=cfg.precision_ms, commit=commit, timers=timers, msgs=msgs, ready=ready,
+                          keys=keys, far=far, indexed_at=cp.indexed_at if cp else None)
+    store = Store(data, cfg, clock_ms, commit=commit, msgs=msgs, keys=keys, far=far, timers=timers, ready=ready,
+                  counters=counters, schedule=schedule, dispatch=dispatch, indexer=indexer, retention=retention,
+                  next_seq=cp.next_seq if cp else 1, durable_indexed=cp.commit_indexed if cp else 0,
+                  groups_snapshot=cp.groups if cp else {})
+    try:
+        _repair(store, cp, found, rep, keys_rebuilt, far_rebuild)
+    except BaseException:
+        store.close()
+        raise
+    rep.seconds = time.monotonic() - t0
+    return store, rep
 
 
-def rebuild_wheel(store: Store, timerlog_end: int | None = None) -> None:
-    damaged: list[int] = []
-    store.timers.rebuild(store.timers.log.scan(store.timers.log.start, timerlog_end, damaged), store.read_time_ms)
-    if damaged:
-        # Their messages are lost to the timer (the unit held which message it was).
-        log.error("TimerLog: %d damaged units skipped while rebuilding the wheel (first at %d)",
-                  len(damaged), damaged[0])
+def _repair(store: Store, cp: ckpt.Checkpoint | None, found: _Found, rep: RecoveryReport, keys_rebuilt: bool,
+            far_rebuild: bool) -> None:
+    layout, commit, timers, msgs = store.data.layout, store.commit, store.timers, store.msgs
+    counters, dispatch, indexer = store.counters, store.dispatch, store.indexer
+    now = store.clock_ms()
+    start = indexer.indexed
+    if cp is not None:
+        dispatch.read_time_ms = dispatch.load_time_ms = cp.read_time_ms
+        counters.restore(cp.counters)
+        store.schedule.restore(cp.schedule, cp.far_schedule)
+        if rep.wheel == "ok" and (timers.wheel.created or timers.check_slots()):
+            rep.wheel = "rebuilt (missing)" if timers.wheel.created else "rebuilt (damaged slots)"
+        if rep.wheel == "ok":
+            try:
+                rep.units_stripped = timers.strip_after(cp.timerlog_end)
+            except CorruptData as e:
+                rep.wheel = f"rebuilt (damaged TimerLog: {e})"
+        if rep.wheel != "ok":
+            timers.rebuild_from_log(dispatch.read_time_ms, cp.timerlog_end)
+        rep.timerlog_truncated = timers.log.truncate(cp.timerlog_end, "TimerLog: units past the checkpoint are "
+                                                                      "redone from the commit log")
+    else:
+        # No usable checkpoint: every derived structure is rebuilt from the commit log.
+        # A checkpoint file left in place would describe the TimerLog and wheel about to be
+        # discarded; trusted after a crash before the next checkpoint it would lose messages.
+        for p in (layout.checkpoint, ckpt.previous(layout.checkpoint)):
+            if p.exists():
+                p.rename(p.with_name(f"{p.name}.bad-{int(time.time() * 1000)}"))
+        timers.log.files.reset(timers.log.end)
+        timers.wheel.reset()
+        dispatch.read_time_ms = dispatch.load_time_ms = timers.wheel.slot_time(now)
+        if rep.wheel == "ok" and not timers.wheel.created:
+            rep.wheel = "rebuilt (no checkpoint)"
+
+    # Deliveries past the checkpoint: the ready queues are their record. Counters change
+    # only with appends (produce/cancel to the commit log, release to a ready queue), so
+    # replaying exactly the appends after the checkpoint's snapshot makes them exact.
+    ends = cp.ready_ends if cp else {}
+    for topic in store.ready.topics():
+        for u in store.ready.scan(topic, ends.get(topic, 0)):
+            st, off, size, roll = msgs.get(u.seq)
+            if st != MessageState.DELIVERED:
+                msgs.set(u.seq, MessageState.DELIVERED, off if off >= 0 else u.commit_offset,
+                         size or u.commit_size, roll)
+            counters.delivered(topic, 1, was_scheduled=cp is not None)
+            rep.ready_replayed += 1
+    if cp is not None:
+        for rec in commit.scan(cp.commit_end):
+            _count_append(counters, rec)
+
+    # Without a checkpoint the message table is first brought up to date from the whole log,
+    # so that indexing below sees each message's final record and state.
+    full = cp is None
+    if full:
+        indexer.full_until = commit.end
+        for rec in commit.scan(start):
+            _rebuild_message_state(msgs, counters, rec)
+    # Re-index the commit log from C: the normal enqueue path, batch by batch. A batch that is
+    # blocked (a long stop: the wheel must turn first) leaves the rest to enqueue-get, which
+    # goes on from `indexed`; the scan still restores state and collects group events.
+    batch: list[Record] = []
+    blocked = False
+    for rec in commit.scan(start):
+        store.next_seq = max(store.next_seq, rec.seq + 1)
+        if rec.type == RecordType.GROUP:
+            rep.group_events.append(rec)
+        elif not full:
+            # Message-table writes after the checkpoint were never fsynced: after a power
+            # cut they may be gone. The log says what they were.
+            _restore_state(msgs, rec)
+        if blocked:
+            continue
+        batch.append(rec)
+        if len(batch) >= REPLAY_BATCH:
+            blocked = _replay(indexer, batch, now, rep)
+            batch = []
+    if batch and not blocked:
+        blocked = _replay(indexer, batch, now, rep)
+    if not blocked:
+        indexer.indexed = commit.end
+    _recover_keys(store, cp, rep, keys_rebuilt)
+    _recover_far(store, cp, rep, far_rebuild)
 
 
-def _count_append(store: Store, rec: Record) -> None:
+def _replay(indexer: Indexer, batch: list[Record], now: int, rep: RecoveryReport) -> bool:
+    """Index one replay batch; True when it was blocked. (Late messages are not handed on:
+    recovered units sit in slot R, which dequeue-get loads first anyway.)"""
+    result = indexer.index(batch, now)
+    rep.replayed_records += result.consumed
+    if result.blocked:
+        indexer.indexed = batch[result.consumed].offset
+        log.info("recovery: re-indexing paused at offset %d until the wheel turns (a long stop)",
+                 indexer.indexed)
+    return result.blocked
+
+
+def open_keys(path: Path) -> tuple[KeyIndex, bool]:
+    """The key index, and whether it was unusable (set aside and started empty)."""
+    try:
+        keys = KeyIndex(path)
+        keys.count()
+        return keys, False
+    except (sqlite3.DatabaseError, CorruptData) as e:
+        log.warning("key index unusable (%s); rebuilding it from the commit log", e)
+        for p in path.parent.glob(path.name + "*"):
+            p.rename(p.with_name(p.name.replace(path.name, f"keys.bad-{int(time.time())}.sqlite")))
+        return KeyIndex(path), True
+
+
+def _recover_keys(store: Store, cp: ckpt.Checkpoint | None, rep: RecoveryReport, rebuilt: bool) -> None:
+    """Bring the key index up to the log: replay from where its own commit says it is
+    complete (or from the checkpoint, whichever is older; everything if it is behind the
+    oldest segment or was rebuilt)."""
+    keys, commit = store.keys, store.commit
+    pos = min(keys.commit_pos, cp.commit_indexed if cp else commit.start)
+    if rebuilt or pos < commit.start or (keys.created and commit.end > commit.start):
+        keys.reset()
+        pos = commit.start
+        rep.keys = "rebuilt"
+    rows: list[tuple[str, str, int, int]] = []
+    for rec in commit.scan(pos):
+        if rec.key is None:
+            continue
+        rep.keys_replayed += 1
+        if rec.type == RecordType.MESSAGE:
+            rows.append((rec.topic, rec.key, rec.seq, rec.deliver_at))
+        elif rec.type == RecordType.CANCEL:
+            keys.put_many(rows)
+            rows = []
+            keys.release(rec.topic, rec.key, rec.seq)
+    keys.put_many(rows)
+    keys.commit(commit.end)
+    ends = cp.ready_ends if cp else {}
+    done = []
+    for topic in store.ready.topics():
+        for u in store.ready.scan(topic, ends.get(topic, 0)):
+            try:
+                rec = commit.read(u.commit_offset, u.commit_size)
+            except StorageError:
+                continue
+            if rec.key is not None:
+                done.append((u.released_at, topic, rec.key, u.seq))
+    keys.delivered(done)
+    keys.commit(commit.end)
+
+
+def _recover_far(store: Store, cp: ckpt.Checkpoint | None, rep: RecoveryReport, rebuild: bool) -> None:
+    """Bring the far index up to the log (storage.farindex): replay from where its own commit
+    says it is complete, or rebuild it from the oldest segment when it is new or unusable or
+    the message table was just rebuilt (no checkpoint)."""
+    far, commit = store.far, store.commit
+    pos = min(far.commit_pos, cp.commit_indexed if cp else commit.start)
+    if rebuild or cp is None or pos < commit.start:
+        far.reset()
+        pos = commit.start
+        rep.far = "rebuilt"
+    rep.far_replayed = farindex.replay(far, commit.scan(pos), store.msgs, int(Placed.FAR))
+    far.commit(store.indexer.indexed)
+
+
+def _count_append(counters: Counters, rec: Record) -> None:
     """Counter changes of one appended record (the same as at append time)."""
     if rec.type == RecordType.MESSAGE:
-        store._count(rec.topic, "produced_total", 1)
-        store._count(rec.topic, "scheduled", 1)
-        store.totals["produced"] += 1
+        counters.produced(rec.topic, 1)
     elif rec.type == RecordType.CANCEL:
-        store._count(rec.topic, "cancelled_total", 1)
-        store._count(rec.topic, "scheduled", -1)
-        store.totals["cancelled"] += 1
+        counters.cancelled(rec.topic)
 
 
-def _rebuild_message_state(store: Store, rec: Record) -> None:
-    """Full rescan: the message table and the counters from the log alone."""
+def _rebuild_message_state(msgs: MessageTable, counters: Counters, rec: Record) -> None:
+    """Full rescan: the message table and the counters from the log alone (`scheduled` is
+    counted as the indexer finds each message pending)."""
     if rec.type == RecordType.MESSAGE:
-        store._count(rec.topic, "produced_total", 1)
-        store.totals["produced"] += 1
-    elif rec.type == RecordType.CANCEL and store.msgs.get(rec.seq)[0] != MessageState.DELIVERED:
-        store._count(rec.topic, "cancelled_total", 1)
-        store.totals["cancelled"] += 1
-    _restore_state(store, rec)
+        counters.add(rec.topic, "produced_total", 1)
+        counters.total("produced")
+    elif rec.type == RecordType.CANCEL and msgs.get(rec.seq)[0] != MessageState.DELIVERED:
+        counters.add(rec.topic, "cancelled_total", 1)
+        counters.total("cancelled")
+    _restore_state(msgs, rec)
 
 
-def _restore_state(store: Store, rec: Record) -> None:
+def _restore_state(msgs: MessageTable, rec: Record) -> None:
     """Make the message table agree with one record of the log (idempotent)."""
-    st, off, _s, roll = store.msgs.get(rec.seq)
+    st, _off, _s, roll = msgs.get(rec.seq)
     if rec.type == RecordType.MESSAGE:
         if st == MessageState.UNKNOWN:
-            store.msgs.set(rec.seq, MessageState.SCHEDULED, rec.offset, rec.size, 0)
+            msgs.set(rec.seq, MessageState.SCHEDULED, rec.offset, rec.size, 0)
     elif rec.type == RecordType.ROLL:
         if st in (MessageState.UNKNOWN, MessageState.SCHEDULED) and rec.roll_count >= roll:
-            store.msgs.set(rec.seq, MessageState.SCHEDULED, rec.offset, rec.size, rec.roll_count)
+            msgs.set(rec.seq, MessageState.SCHEDULED, rec.offset, rec.size, rec.roll_count)
     elif rec.type == RecordType.CANCEL and st not in (MessageState.DELIVERED, MessageState.CANCELLED):
-        store.msgs.set_state(rec.seq, MessageState.CANCELLED)
+        msgs.set_state(rec.seq, MessageState.CANCELLED)

@@ -8,6 +8,7 @@ log), rebuild recreates a lost or damaged wheel from the TimerLog alone.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import NamedTuple
@@ -18,6 +19,7 @@ from delayd.storage.timerwheel import HEADER as WHEEL_HEADER
 from delayd.storage.timerwheel import SLOT, SLOT_SIZE, TimerWheel
 
 WHEEL_HEADER_SIZE = WHEEL_HEADER.size
+log = logging.getLogger("delayd.storage")
 
 
 class Entry(NamedTuple):
@@ -171,6 +173,17 @@ class TimerIndex:
         for st, (first, last, num, magic) in slots.items():
             self.wheel.put(st, first, last, num, magic)
         return n
+
+    def rebuild_from_log(self, read_time_ms: int, timerlog_end: int | None = None) -> list[int]:
+        """`rebuild` from every readable unit of the TimerLog (up to `timerlog_end`); returns
+        the positions of damaged units skipped (their messages are lost to the timer: the unit
+        held which message it was)."""
+        damaged: list[int] = []
+        self.rebuild(self.log.scan(self.log.start, timerlog_end, damaged), read_time_ms)
+        if damaged:
+            log.error("TimerLog: %d damaged units skipped while rebuilding the wheel (first at %d)",
+                      len(damaged), damaged[0])
+        return damaged
 
     def flush(self) -> None:
         self.log.flush()

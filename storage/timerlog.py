@@ -17,8 +17,22 @@ and no blank filler is needed at a segment end.
       44     8   seq            u64   message sequence (RIP-43's reserved field): cancels and
                                       duplicate checks need no commit-log read
 
-Version history: 1 — original (the TimerLog directory has no header; the checkpoint's
-version covers it).
+Segment header (format version 2; see storage.segments for the shared layout):
+
+    offset size  field       type  meaning
+    ------ ----  ----------  ----  ------------------------------------------------------
+       0     8   magic       8s    b"DLTLOG\\x00\\xff" (TIMERLOG_FORMAT.magic)
+       8     2   version     u16   2
+      10     2   header_len  u16   32
+      12     4   unit_size   u32   UNIT_SIZE (52)
+      16     8   base        u64   the segment's base position (its file name)
+      24     4   reserved    u32   0
+      28     4   crc         u32   crc32 of bytes [0, 28)
+
+Positions are global offsets over the units only: the header is not part of them.
+
+Version history: 1 — original, segments without a header (still read: a version-1 segment
+starts with a unit, whose `size` field is 52); 2 — the 32-byte segment header.
 """
 
 from __future__ import annotations
@@ -29,14 +43,19 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from delayd.storage.bytetable import ByteTable
 from delayd.storage.errors import Insane
-from delayd.storage.segments import SegmentedFile
+from delayd.storage.segments import SegmentedFile, SegmentFormat
 
-UNIT = struct.Struct("<IqIqiqIIQ")
+UNIT = ByteTable("<IqIqiqIIQ")
 UNIT_SIZE = UNIT.size  # 52
 assert UNIT_SIZE == 52
 NO_POS = -1
 CHAIN_WINDOW = 64 * UNIT_SIZE * 16  # bytes read at once when walking a chain backwards
+TIMERLOG_VERSION = 2
+_V1_FIRST = struct.pack("<I", UNIT_SIZE)  # a version-1 segment starts with a unit's size field
+TIMERLOG_FORMAT = SegmentFormat("TimerLog", b"DLTLOG\x00\xff", TIMERLOG_VERSION, UNIT_SIZE,
+                                legacy=lambda first: first[:4] == _V1_FIRST)
 
 
 class UnitMagic(enum.IntFlag):
@@ -78,11 +97,15 @@ def unpack_unit(buf: bytes | memoryview, at: int, pos: int) -> Unit:
 class TimerLog:
     """Segmented append-only array of units; a position is a global byte offset."""
 
-    def __init__(self, directory: Path, segment_units: int = 1 << 20) -> None:
-        self.files = SegmentedFile(Path(directory), segment_units * UNIT_SIZE, unit=UNIT_SIZE)
+    def __init__(self, directory: Path, segment_units: int = 1 << 20, *, readonly: bool = False) -> None:
+        self.files = SegmentedFile(Path(directory), segment_units * UNIT_SIZE, unit=UNIT_SIZE, fmt=TIMERLOG_FORMAT,
+                                   readonly=readonly)
+
+    def cut_torn_tail(self) -> int:
+        """Cut a torn unit (an interrupted write) off the end; returns the bytes cut. Recovery
+        calls it once the rest of the directory checked out (opening changes nothing)."""
         tail = self.files.end % UNIT_SIZE
-        if tail:  # a torn unit from an interrupted write
-            self.files.truncate(self.files.end - tail)
+        return self.files.truncate(self.files.end - tail, "TimerLog: torn unit") if tail else 0
 
     @property
     def end(self) -> int:
@@ -142,7 +165,7 @@ class TimerLog:
         while pos < stop:
             base = self.files.segment_of(pos)
             n = min(stop, self.files.segment_end(base), pos + 8192 * UNIT_SIZE) - pos
-            if n <= 0:
+            if n < UNIT_SIZE:  # this segment's end (a torn unit there is no unit)
                 later = [b for b in self.files.bases if b > base]
                 if not later:
                     return
@@ -164,8 +187,8 @@ class TimerLog:
         """Rewrite one unit's prev_pos in place (wheel rebuild, around a damaged unit)."""
         self.files.write_at(pos + 4, struct.pack("<q", prev_pos))
 
-    def truncate(self, pos: int) -> int:
-        return self.files.truncate(pos)
+    def truncate(self, pos: int, why: str = "") -> int:
+        return self.files.truncate(pos, why)
 
     def flush(self) -> None:
         self.files.flush()

@@ -35,19 +35,19 @@ from __future__ import annotations
 
 import mmap
 import os
-import struct
 import time
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from delayd.storage.bytetable import ByteTable
 from delayd.storage.errors import BadMagic, ChecksumMismatch, GeometryMismatch, UnsupportedVersion
 
 WHEEL_MAGIC = 0x484C5744  # "DLWH" little-endian
 WHEEL_VERSION = 1
-HEADER = struct.Struct("<IHHIIqII")
-SLOT = struct.Struct("<qqqiI")
+HEADER = ByteTable("<IHHIIqII")
+SLOT = ByteTable("<qqqiI")
 SLOT_SIZE = SLOT.size
 assert HEADER.size == 32 and SLOT_SIZE == 32
 
@@ -78,11 +78,25 @@ def read_header(path: Path) -> tuple[int, int, int]:
     magic, version, _r, precision, count, created, crc, _r2 = HEADER.unpack(head)
     if magic != WHEEL_MAGIC:
         raise BadMagic(f"{path}: magic {magic:#x}")
+    if version > WHEEL_VERSION:
+        raise UnsupportedVersion(str(path), version, WHEEL_VERSION)
     if version != WHEEL_VERSION:
-        raise UnsupportedVersion(f"{path}: version {version}")
+        raise BadMagic(f"{path}: version {version}")
     if zlib.crc32(head[:24]) != crc:
         raise ChecksumMismatch(f"{path}: header crc")
     return precision, count, created
+
+
+def validate(path: Path, precision_ms: int, slot_count: int) -> None:
+    """Check a wheel file against the configured geometry, reading only: raises a CorruptData
+    subclass (header), UnsupportedVersion, or GeometryMismatch."""
+    precision, count, _created = read_header(path)
+    if (precision, count) != (precision_ms, slot_count):
+        raise GeometryMismatch(f"{path}: built for precision {precision} ms x {count} slots, "
+                               f"configured {precision_ms} ms x {slot_count}")
+    size = HEADER.size + slot_count * SLOT_SIZE
+    if path.stat().st_size != size:
+        raise GeometryMismatch(f"{path}: size {path.stat().st_size}, expected {size}")
 
 
 class TimerWheel:
@@ -102,18 +116,10 @@ class TimerWheel:
                 f.flush()
                 os.fsync(f.fileno())
         else:
-            self._validate(size)
+            validate(self.path, precision_ms, slot_count)
         self._fd = os.open(self.path, os.O_RDWR)
         self._mm = mmap.mmap(self._fd, size)
         self.created = fresh
-
-    def _validate(self, size: int) -> None:
-        precision, count, _created = read_header(self.path)
-        if (precision, count) != (self.precision_ms, self.slot_count):
-            raise GeometryMismatch(f"{self.path}: built for precision {precision} ms x {count} slots, "
-                                   f"configured {self.precision_ms} ms x {self.slot_count}")
-        if self.path.stat().st_size != size:
-            raise GeometryMismatch(f"{self.path}: size {self.path.stat().st_size}, expected {size}")
 
     # -- addressing -----------------------------------------------------------------------------
     def slot_time(self, t: int) -> int:

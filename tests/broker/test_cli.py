@@ -6,14 +6,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from delayd.storage.store import NewMessage, Store, StoreConfig
+from delayd.storage.recovery import open_store
+from delayd.storage.store import NewMessage, StoreConfig
 
 from tests.support.daemon import ROOT
 
 
 def test_dump_into_a_closed_pipe_exits_quietly(tmp_path: Path) -> None:
-    store = Store(tmp_path / "data", StoreConfig(), clock_ms=lambda: 1_000_000)
-    store.recover()
+    store, _report = open_store(tmp_path / "data", StoreConfig(), lambda: 1_000_000)
     # Far more output than a pipe buffer holds, so dump is still writing when `head` exits.
     store.append_messages([NewMessage("orders", b"x" * 50, 2_000_000 + i, key=f"k{i}") for i in range(5000)],
                           1_000_000)

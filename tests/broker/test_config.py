@@ -51,7 +51,7 @@ def test_unreadable_file_is_a_config_error(tmp_path):
         load(str(f), env={})
 
 
-REPLICATED = {"replication_enabled": True, "replication_member": "s0-a",
+REPLICATED = {"node_id": "s0", "replication_enabled": True, "replication_member": "s0-a",
               "replication_advertise_url": "http://10.0.0.1:7070",
               "replication_etcd_endpoints": "http://10.0.0.9:2379,http://10.0.0.10:2379"}
 
@@ -103,7 +103,8 @@ def test_serve_refuses_replication_settings_with_the_reason(tmp_path):
 
     from tests.support.daemon import ROOT
     base = ["serve", "--data-dir", str(tmp_path / "d"), "--listen", "127.0.0.1:0"]
-    env = {"PATH": "/usr/bin:/bin", "DELAYD_REPLICATION_ENABLED": "true", "DELAYD_REPLICATION_MEMBER": "a",
+    env = {"PATH": "/usr/bin:/bin", "DELAYD_NODE_ID": "s0", "DELAYD_REPLICATION_ENABLED": "true",
+           "DELAYD_REPLICATION_MEMBER": "a",
            "DELAYD_REPLICATION_ETCD_ENDPOINTS": "http://127.0.0.1:2379"}
     r = subprocess.run([sys.executable, "-m", "delayd", *base], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=60)

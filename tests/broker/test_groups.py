@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 from delayd.broker.groups import Delivery, Groups, backoff_ms
-from delayd.storage.store import Due, NewMessage, Store, StoreConfig
+from delayd.storage.recovery import open_store
+from delayd.storage.store import Due, NewMessage, StoreConfig
 
 
 def rc(d: Delivery) -> str:
@@ -16,8 +17,7 @@ def rc(d: Delivery) -> str:
 @pytest.fixture
 def env(tmp_path):
     now = [1_000_000]
-    store = Store(tmp_path, StoreConfig(), clock_ms=lambda: now[0])
-    store.recover()
+    store, _report = open_store(tmp_path, StoreConfig(), lambda: now[0])
     events = []
     groups = Groups(store, lambda: now[0], lambda t, g, ev: events.append((t, g, ev)), default_max_attempts=3)
     seqs = store.append_messages([NewMessage("t", f"m{i}".encode(), now[0], tag="a" if i % 2 else "b")
@@ -26,7 +26,7 @@ def env(tmp_path):
         st, off, size, _ = store.state(seq)
         tag = "a" if (seq - seqs[0]) % 2 else "b"
         from delayd.storage.readyqueue import tag_hash
-        store.release([Due(now[0], seq, "t", off, size, tag_hash(tag), 0)], now[0])
+        store.dispatch.release([Due(now[0], seq, "t", off, size, tag_hash(tag), 0)], now[0])
     yield store, groups, events, now
     store.close()
 

@@ -9,11 +9,11 @@ from delayd.broker.pipeline import InFlight, Link
 
 
 async def test_link_put_waits_while_full_and_loses_nothing():
-    link = Link("x", capacity_batches=2)
-    await link.put([1, 2], 2)
-    await link.put([3], 1)
+    link: Link[list[int]] = Link("x", capacity_batches=2)
+    await link.put([1, 2])
+    await link.put([3])
     assert link.items == 3 and len(link) == 2
-    third = asyncio.create_task(link.put([4], 1))
+    third = asyncio.create_task(link.put([4]))
     await asyncio.sleep(0)
     assert not third.done(), "a full link makes the producer wait"
     assert await link.get() == [1, 2]
@@ -23,12 +23,12 @@ async def test_link_put_waits_while_full_and_loses_nothing():
 
 
 async def test_link_wait_times_out_without_taking_an_item():
-    link = Link("x", capacity_batches=1)
+    link: Link[list[str]] = Link("x", capacity_batches=1)
     await link.wait(0.01)
     assert link.get_nowait() is None
     waiter = asyncio.create_task(link.wait(5))
     await asyncio.sleep(0)
-    await link.put(["a"], 1)
+    await link.put(["a"])
     await asyncio.wait_for(waiter, 1)
     assert link.get_nowait() == ["a"], "waiting never consumes"
 
@@ -44,3 +44,53 @@ def test_inflight_read_time_is_the_oldest_open_slot():
     assert f.read_time() == 4000
     f.done(4000, 2)
     assert f.read_time() == 5000 and f.count == 0
+
+
+async def test_link_get_answers_none_once_closed_and_empty():
+    link: Link[list[int]] = Link("x", capacity_batches=2, producers=2)
+    await link.put([1])
+    link.close()
+    assert await link.get() == [1]
+    waiter = asyncio.create_task(link.get())
+    await asyncio.sleep(0)
+    assert not waiter.done(), "one producer is still open"
+    link.close()
+    assert await asyncio.wait_for(waiter, 1) is None
+
+
+async def test_stop_drains_what_the_stages_hold_instead_of_cancelling(tmp_path):
+    """Records already handed to enqueue-put are indexed and a message already due is released
+    before the stages end; each stage reports END. (Cancelling them, as stop once did, left that
+    work to the next start's recovery.)"""
+    from delayd.broker.clock import Clock
+    from delayd.broker.pipeline import DueBatch, Pipeline, RecordBatch, StageState
+    from delayd.storage.readyqueue import tag_hash
+    from delayd.storage.recovery import open_store
+    from delayd.storage.store import Due, NewMessage
+
+    clock = Clock()
+    store, _ = open_store(tmp_path / "data", clock_ms=clock.now_ms)
+    released: list[int] = []
+    try:
+        now = clock.now_ms()
+        store.append_messages([NewMessage("later", b"x%d" % i, now + 3_600_000) for i in range(100)], now)
+        [due_seq] = store.append_messages([NewMessage("now", b"due", now)], now)
+        _st, off, size, _r = store.state(due_seq)
+        records, end = store.commit.read_records(0, 1000)
+        p = Pipeline(store, clock, lookahead_ms=300, queue_batches=4, release_capacity=1000,
+                     on_release=lambda dues, _now: released.extend(d.seq for d in dues))
+        assert set(p.states().values()) == {StageState.INITIAL.value}
+        p.enqueue_get.pos = end  # these records are already in enqueue-put's inbox
+        await p.records.put(RecordBatch(records))
+        p.inflight.add(now - now % 1000, 1)
+        await p.dues.put(DueBatch([Due(now, due_seq, "now", off, size, tag_hash(None), now - now % 1000)]))
+        p.start()
+        assert await p.stop(timeout_s=10)
+        assert set(p.states().values()) == {StageState.END.value}
+        assert store.indexed == end, "the records in enqueue-put's inbox were indexed, not dropped"
+        # the 100 later ones, and the due one's own unit (released here from its Due; its slot is not loaded yet)
+        assert sum(n for _t, n in store.schedule_buckets(now, now + 10**10, 10**10)) == 101
+        assert released == [due_seq] and store.ready.end("now") == 1
+        assert len(p.records) == len(p.units) == len(p.dues) == 0
+    finally:
+        store.close()

@@ -17,7 +17,8 @@ from delayd.broker import errors, pushconfig
 from delayd.broker.groups import BACKOFF_MAX_MS, Groups
 from delayd.broker.push import header_name, header_value, retry_after_ms, sign
 from delayd.broker.pushconfig import PushConfig, PushFormat
-from delayd.storage.store import Store, StoreConfig
+from delayd.storage.recovery import open_store
+from delayd.storage.store import StoreConfig
 
 SECRET = "0123456789abcdef-secret"
 TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
@@ -60,8 +61,7 @@ def test_view_and_repr_never_show_the_secret_record_keeps_it() -> None:
 
 
 def test_push_settings_ride_the_group_event_and_the_snapshot(tmp_path) -> None:
-    store = Store(tmp_path, StoreConfig(), clock_ms=lambda: 1_000_000)
-    store.recover()
+    store, _report = open_store(tmp_path, StoreConfig(), lambda: 1_000_000)
     try:
         events: list[tuple[str, str, dict]] = []
         groups = Groups(store, lambda: 1_000_000, lambda t, g, ev: events.append((t, g, ev)), default_max_attempts=3)
@@ -117,8 +117,7 @@ def test_retry_after_seconds_dates_and_nonsense() -> None:
 
 
 def test_notify_runs_the_watchers_of_its_topic_only(tmp_path) -> None:
-    store = Store(tmp_path, StoreConfig(), clock_ms=lambda: 0)
-    store.recover()
+    store, _report = open_store(tmp_path, StoreConfig(), lambda: 0)
     try:
         groups = Groups(store, lambda: 0, lambda *a: None, default_max_attempts=3)
         calls: list[str] = []

@@ -16,7 +16,7 @@ from typing import Any
 
 import msgpack
 
-from tests.support.daemon import DaemonProcess
+from tests.support.daemon import DaemonProcess, wait_until
 
 JSON = "application/json"
 MSGPACK = "application/msgpack"
@@ -159,6 +159,34 @@ class Api:
             if batch and ack:
                 assert self.ack(topic, group, [m["receipt"] for m in batch])["acked"] == len(batch)
         return got
+
+
+ALL_TIME_MS = 20 * 365 * 86_400_000  # beyond the longest allowed delay
+
+
+def schedule_total(d: DaemonProcess) -> int:
+    """Pending messages by GET /v1/schedule, summed over all time (from 0 to 20 years from now)."""
+    end = now_ms() + ALL_TIME_MS
+    step = end // 9_999 + 1  # the API's limit is 10,000 buckets
+    r = call(d, "GET", f"/v1/schedule?from=0&to={end}&step_ms={step}")
+    assert r.status == 200, r.raw
+    return sum(n for _t, n in r.body["buckets"])
+
+
+def schedule_matches_scheduled(d: DaemonProcess, timeout_s: float = 15.0) -> None:
+    """Once the pipeline is idle, /v1/schedule counts exactly the pending set: its buckets over all
+    time add up to stats.scheduled (issue 17: a retried enqueue-put once counted twice)."""
+    def idle_and_equal() -> bool:
+        stats = call(d, "GET", "/v1/stats").body
+        if any(stats["pipeline"].values()):
+            return False
+        return schedule_total(d) == stats["scheduled"]
+    try:
+        wait_until(idle_and_equal, timeout_s, 0.05, "/v1/schedule to add up to stats.scheduled")
+    except TimeoutError:
+        stats = call(d, "GET", "/v1/stats").body
+        raise AssertionError(f"/v1/schedule sums to {schedule_total(d)}, stats.scheduled is {stats['scheduled']} "
+                             f"(pipeline {stats['pipeline']})") from None
 
 
 def daemon_log_clean(d: DaemonProcess) -> None:

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from delayd.storage.commitlog import Record, RecordType
-from delayd.storage.inspect import ReadOnlySegments, scan_records
+from delayd.storage.commitlog import CommitLog, Record, RecordType
+from delayd.storage.inspect import scan_items
 
 from tests.integration.wire import Api, call, now_ms
 from tests.support.daemon import ROOT, DaemonProcess
@@ -53,11 +53,11 @@ def delayd_check(data_dir: Path) -> subprocess.CompletedProcess[str]:
 
 
 def records(data_dir: Path) -> list[tuple[int, Record | Exception, int]]:
-    segs = ReadOnlySegments(data_dir / "commitlog")
+    log = CommitLog(data_dir / "commitlog", readonly=True)
     try:
-        return list(scan_records(segs))
+        return list(scan_items(log))
     finally:
-        segs.close()
+        log.close()
 
 
 @pytest.fixture(scope="module")

@@ -19,10 +19,11 @@ from pathlib import Path
 
 import pytest
 from delayd.storage import segments
-from delayd.storage.errors import DiskFull
-from delayd.storage.store import NewMessage, Store
+from delayd.storage.errors import DiskFull, NotDurable
+from delayd.storage.recovery import open_store
+from delayd.storage.store import NewMessage
 
-from tests.integration.wire import MSGPACK, Api, call, daemon_log_clean, now_ms
+from tests.integration.wire import MSGPACK, Api, call, daemon_log_clean, now_ms, schedule_matches_scheduled
 from tests.support.daemon import ROOT, DaemonProcess, wait_until
 
 CONFIG = "precision_ms = 100\ncheckpoint_interval_ms = 200\n"
@@ -50,6 +51,7 @@ def test_enospc_refuses_cleanly_and_recovers_without_restart(faulty, tmp_path):
     api.subscribe("full", "g")
     soon = api.produce("full", *({"body": f"soon{i}", "delay_ms": 1500} for i in range(20)))
     later = api.produce("full", *({"body": f"later{i}", "delay_ms": 60_000} for i in range(3)))
+    api.produce("full", *({"body": f"far{i}", "delay_ms": 3 * 86_400_000} for i in range(2)))  # rolled
     t_soon = max(m["deliver_at"] for m in soon)
 
     fault.write_text("enospc\n")
@@ -83,6 +85,7 @@ def test_enospc_refuses_cleanly_and_recovers_without_restart(faulty, tmp_path):
     assert sorted(m["id"] for m in got) == sorted([m["id"] for m in soon] + [new[0]["id"]])
     assert all(m["delivered_at"] >= m["deliver_at"] for m in got)
     assert api.pull("full", "g", wait_ms=300) == []
+    schedule_matches_scheduled(d)
     daemon_log_clean(d)
 
     # No partial record anywhere: recovery finds nothing to cut and `delayd check` is clean.
@@ -95,6 +98,37 @@ def test_enospc_refuses_cleanly_and_recovers_without_restart(faulty, tmp_path):
     assert api.state(victim) == "cancelled"
     assert api.state(later[1]["id"]) == "scheduled"
     assert api.pull("full", "g", wait_ms=300) == [], "acked messages came back after the restart"
+    schedule_matches_scheduled(d)
+
+
+def test_schedule_counts_once_when_indexing_hit_a_full_disk(faulty):
+    """Issue 17, item 4: produce goes on (the commit log has room) while enqueue-put cannot write
+    the TimerLog and retries every 0.5 s; once there is room, /v1/schedule counts each pending
+    message once — also after a kill -9 and restart (the counts are in the checkpoint)."""
+    d, fault = faulty
+    api = Api(d)
+    fault.write_text("enospc@timerlog\n")
+    ids = []
+    for b in range(4):
+        ids += [m["id"] for m in api.produce("sched", *({"body": f"{b}-{i}", "delay_ms": 120_000 + i}
+                                                          for i in range(50)))]
+        ids += [m["id"] for m in api.produce("sched", *({"body": f"far{b}-{i}", "delay_ms": 5 * 86_400_000 + i}
+                                                          for i in range(10)))]
+    # enqueue-put has failed and retried (it logs the first failure); nothing is indexed meanwhile.
+    wait_until(lambda: "enqueue_put: DiskFull" in d.log_path.read_text(errors="replace"), 10, 0.05,
+               "enqueue-put to hit the full disk")
+    wait_until(lambda: api.stats()["pipeline"]["enqueue_put"] > 0 or api.stats()["pipeline"]["enqueue_get"] > 0,
+               5, 0.05, "records waiting to be indexed")
+    t_retry = now_ms() + 1200
+    wait_until(lambda: now_ms() > t_retry, 5, 0.05, "two more retries")
+    fault.write_text("")
+    schedule_matches_scheduled(d)
+    assert api.stats()["scheduled"] == len(ids) == 240
+    d.kill9()
+    d.start()
+    schedule_matches_scheduled(d)
+    assert api.stats()["scheduled"] == 240
+    daemon_log_clean(d)
 
 
 def test_enospc_on_ack_answers_507_and_keeps_at_least_once(faulty):
@@ -147,14 +181,13 @@ async def test_group_commit_refsyncs_after_a_failed_fsync(tmp_path, monkeypatch)
     synced: list[int] = []
     real_fsync = os.fsync
     monkeypatch.setattr(segments.os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd))[1])
-    store = Store(tmp_path / "data")
-    store.recover()
+    store, _report = open_store(tmp_path / "data")
     gc = GroupCommit(store, "always", 1000)
     task = asyncio.create_task(gc.run())
     try:
         store.append_messages([NewMessage("t", b"x", 0)], 0)
         fault.write_text("fsync-eio")
-        with pytest.raises(OSError):
+        with pytest.raises(NotDurable):
             await gc.durable()
         fault.write_text("")
         synced.clear()
@@ -170,8 +203,7 @@ def test_fault_hook_cuts_the_torn_half(tmp_path, monkeypatch):
     """In process: an append that hits ENOSPC half way leaves the segment as it was."""
     fault = tmp_path / "faults"
     monkeypatch.setattr(segments, "FAULTS", segments.Faults(str(fault)))
-    store = Store(tmp_path / "data")
-    store.recover()
+    store, _report = open_store(tmp_path / "data")
     try:
         store.append_messages([NewMessage("t", b"a" * 100, 0)], 0)
         end = store.commit.end

@@ -22,7 +22,10 @@ import pytest
 from delayd.storage import inspect
 from delayd.storage.commitlog import CommitLog, Record, RecordFlag, RecordType
 from delayd.storage.msgtable import MessageState, MessageTable
-from delayd.storage.store import NewMessage, RecoveryReport, Store, StoreConfig
+from delayd.storage.recovery import RecoveryReport
+from delayd.storage.recovery import open_store as open_data_dir
+from delayd.storage.segments import SEGMENT_HEADER_SIZE
+from delayd.storage.store import NewMessage, StoreConfig
 from delayd.storage.timerlog import UNIT_SIZE
 from delayd.storage.timerwheel import HEADER as WHEEL_HEADER
 from delayd.storage.timerwheel import SLOT, SLOT_SIZE
@@ -59,8 +62,7 @@ class Scenario:
 def build(d: Path) -> Scenario:
     rng = random.Random(43)
     sc = Scenario(d, [T0])
-    s = Store(d, CFG, clock_ms=lambda: sc.clock[0])
-    s.recover()
+    s, _rep = open_data_dir(d, CFG, lambda: sc.clock[0])
     drv = Driver(s, sc.clock)
 
     def produce(n: int) -> None:
@@ -123,8 +125,7 @@ def check_finds(sc: Scenario, *needles: str, config: StoreConfig = CFG) -> inspe
 
 def recover_and_finish(sc: Scenario, *, may_lose: frozenset[int] = frozenset(),
                        config: StoreConfig = CFG, damaged_units_left: int = 0) -> RecoveryReport:
-    s = Store(sc.dir, config, clock_ms=lambda: sc.clock[0])
-    rep = s.recover()
+    s, rep = open_data_dir(sc.dir, config, lambda: sc.clock[0])
     drv = Driver(s, sc.clock)
     with no_fsync():
         drain(drv, max([sc.clock[0], *sc.acked.values()]) + 4 * config.roll_window_ms)
@@ -348,8 +349,8 @@ def test_truncated_timerlog(sc: Scenario) -> None:
 def test_damaged_timerlog_unit(sc: Scenario) -> None:
     seg = sorted((sc.dir / "timerlog").iterdir())[-1]
     with open(seg, "r+b") as f:
-        f.seek(UNIT_SIZE)
-        f.write(struct.pack("<I", 0xFFFFFFFF))  # the unit's size field
+        f.seek(SEGMENT_HEADER_SIZE + UNIT_SIZE)
+        f.write(struct.pack("<I", 0xFFFFFFFF))  # the second unit's size field
     check_finds(sc, "damaged TimerLog unit")
     recover_and_finish(sc)
 
@@ -370,7 +371,7 @@ def test_damaged_timerlog_unit_inside_a_pending_chain(sc: Scenario) -> None:
                   and u.fire_time >= sc.cp_read_time + 30 and u.seq in sc.pending())
     base = max(int(p.name) for p in (sc.dir / "timerlog").iterdir() if int(p.name) <= victim.pos)
     with open(sc.dir / "timerlog" / f"{base:020d}", "r+b") as f:
-        f.seek(victim.pos - base + 12)
+        f.seek(SEGMENT_HEADER_SIZE + victim.pos - base + 12)
         f.write(struct.pack("<I", 0))  # no magic bit: unreadable
     check_finds(sc, f"damaged TimerLog unit at {victim.pos}")
     # The unit stays on disk (the chain now runs around it), so check() still counts it.
@@ -387,8 +388,7 @@ def test_a_crash_right_after_a_full_rescan_does_not_trust_the_old_checkpoint(sc:
     else:
         for name in ("checkpoint", "checkpoint.prev"):
             flip(sc.dir / name, 20)
-    s = Store(sc.dir, config, clock_ms=lambda: sc.clock[0])
-    rep = s.recover()
+    s, rep = open_data_dir(sc.dir, config, lambda: sc.clock[0])
     assert "full rescan" in rep.checkpoint
     s.close()  # a crash before the first checkpoint after the rescan
     assert not (sc.dir / "checkpoint").exists() and not (sc.dir / "checkpoint.prev").exists()

@@ -18,7 +18,10 @@ What is checked (DESIGN.md guarantees 1-4), with what each answer proves:
 - nothing corrupt: every delivered body and deliver_at is the one produced under that id, and
   every delivered message was sent by the test (a produce whose answer was lost may land);
 - at the end: every counted message is accounted for (produced = delivered + cancelled, nothing
-  scheduled, no backlog, no dead letters) and a graceful stop exits 0.
+  scheduled, no backlog, no dead letters) and a graceful stop exits 0;
+- the schedule survives the crashes exactly: a few far-future messages (a topic of their own,
+  produced in the first incarnation, half cancelled in a later one) stay pending, and once the
+  pipeline is idle GET /v1/schedule over all time adds up to stats.scheduled (issue 17).
 """
 
 from __future__ import annotations
@@ -35,11 +38,14 @@ from typing import Any
 
 import pytest
 
+from tests.integration.wire import schedule_matches_scheduled
 from tests.support.daemon import DaemonProcess, wait_until
 
 CYCLES = int(os.environ.get("DELAYD_TORTURE_CYCLES", "20"))
 SEED = int(os.environ.get("DELAYD_TORTURE_SEED", "20261122"))
 TOPIC, GROUP = "torture", "g"
+FAR_TOPIC, FAR = "torture.far", 20  # pending all along: rolled, in the hourly schedule
+FAR_DELAY_MS = 3 * 86_400_000
 LEASE_MS = 1000  # the API's minimum: expiries happen within a cycle
 MAX_DELAY_MS = 1500
 CLOCK_SLACK_MS = 20  # the daemon's clock is the wall clock read at start, advanced monotonically
@@ -369,9 +375,21 @@ def test_kill9_torture(tmp_path, request):
     chk = Checker(led)
     rng = random.Random(SEED)
     inc = 0
+    far: list[str] = []
+    far_cancelled: set[str] = set()
     for cycle in range(CYCLES):
         d.start()
         inc += 1
+        if cycle == 0:
+            status, body = d.request("POST", f"/v1/topics/{FAR_TOPIC}/messages",
+                                     {"messages": [{"body": f"far {i}", "delay_ms": FAR_DELAY_MS} for i in range(FAR)]})
+            assert status == 200, body
+            far = [m["id"] for m in body["messages"]]
+        if cycle == CYCLES // 2:
+            for mid in far[::2]:
+                status, body = d.request("DELETE", f"/v1/messages/{mid}")
+                assert status == 200, body
+                far_cancelled.add(mid)
         with Load(d, led, cycle, inc) as load:
             # Everything owed from before the crash comes (the consumers are pulling meanwhile).
             try:
@@ -401,7 +419,8 @@ def test_kill9_torture(tmp_path, request):
                     return False
             status, stats = d.request("GET", "/v1/stats")
             g = stats["groups"].get(f"{TOPIC}/{GROUP}", {})
-            return stats["scheduled"] == 0 and g.get("backlog", 1) == 0 and g.get("inflight", 1) == 0
+            return (stats["topics"][TOPIC]["scheduled"] == 0 and g.get("backlog", 1) == 0
+                    and g.get("inflight", 1) == 0)
         try:
             wait_until(settled, 60, 0.05, "every message acked and nothing left")
         except TimeoutError:
@@ -418,8 +437,11 @@ def test_kill9_torture(tmp_path, request):
         lost_cancels = set(led.cancelled) & led.delivered_ids
         if lost_cancels:
             bad.append(f"final: cancelled (200) and delivered: {sorted(lost_cancels)[:5]}")
+    if stats["scheduled"] != FAR - len(far_cancelled):
+        bad.append(f"final: {stats['scheduled']} scheduled, expected the {FAR - len(far_cancelled)} far ones")
     if bad:
         fail(d, bad, json.dumps(stats)[:2000])
+    schedule_matches_scheduled(d)
     assert d.stop() == 0, d.log_tail()
     assert "fatal" not in d.log_path.read_text(errors="replace")
     print(f"\ntorture: {CYCLES} kill -9 cycles in {time.monotonic() - t0:.1f}s; {len(led.produced)} produces "

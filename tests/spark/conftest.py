@@ -73,9 +73,10 @@ def java_options(config: pytest.Config) -> str:
 @pytest.fixture(scope="session")
 def spark(pytestconfig: pytest.Config) -> Iterator[Any]:
     os.environ.update(spark_env())
-    from delayd.client.spark import register
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
+
+    from delayd.spark import register
 
     archive = archive_path(pytestconfig)
     recording = None

@@ -7,9 +7,9 @@ import time
 from typing import Any
 
 import pytest
-from delayd.client.spark import WriteReport, write
 from pyspark.sql import functions as F
 
+from delayd.spark import WriteReport, write
 from tests.support.daemon import DaemonProcess, wait_until
 
 

@@ -14,9 +14,9 @@ from typing import Any
 import msgpack
 import pyarrow as pa
 import pytest
-from delayd.client.spark import DelaydWriteError, ScheduleWriter
 from pyspark.sql.types import StringType, StructField, StructType
 
+from delayd.spark import DelaydWriteError, ScheduleWriter
 from tests.support.daemon import free_port
 
 SCHEMA = StructType([StructField("body", StringType()), StructField("key", StringType())])

@@ -1,10 +1,11 @@
 """Drive a Store the way the broker's pipeline does, on a fake clock (used by the storage model
 tests and tests/robustness/test_storage_corruption.py).
 
-enqueue-get/put: `read_records` from `indexed` + `index`, plus the late list; dequeue-get: open
-every slot whose start is <= now; dequeue-get-message: `resolve_many`, rolling far ones forward
-and dropping unreadable records; dequeue-put: `release` each Due only once the clock has
-reached its `deliver_at` (as broker/pipeline.py does).
+enqueue-get/put: `commit.read_records` from `indexed` + `indexer.index`, plus its late list;
+dequeue-get: `dispatch.open_slot` for every slot whose start is <= now; dequeue-get-message:
+`dispatch.resolve`, rolling far ones forward and dropping unreadable records; dequeue-put:
+`dispatch.release` each Due only once the clock has reached its `deliver_at` (as
+broker/pipeline.py does).
 
 Run as `python -m tests.storage.driver DATA_DIR SEED` it is the child of the kill -9 test:
 it produces, cancels and delivers with a seeded RNG and prints one line per acknowledged
@@ -22,10 +23,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from delayd.storage.commitlog import Record
-from delayd.storage.errors import CorruptData
 from delayd.storage.msgtable import MessageState
 from delayd.storage.readyqueue import ReadyUnit
+from delayd.storage.recovery import open_store as open_data_dir
 from delayd.storage.store import Due, NewMessage, Store, StoreConfig
 
 TOPICS = ("orders", "mail")
@@ -58,12 +58,12 @@ class Driver:
     def enqueue(self) -> None:
         s = self.store
         while True:
-            recs, _pos = s.read_records(s.indexed, 256)
+            recs, _pos = s.commit.read_records(s.indexed, 256)
             if not recs:
                 return
-            n = s.index(recs, self.now)
-            self.pending.extend(s.take_late())
-            if n < len(recs):  # the next unit would overwrite an unread lap: wait for a checkpoint
+            result = s.indexer.index(recs, self.now)
+            self.pending.extend(result.late)
+            if result.blocked:  # the next unit would overwrite an unread lap: wait for a checkpoint
                 self.blocked += 1
                 return
 
@@ -72,27 +72,23 @@ class Driver:
         p = s.cfg.precision_ms
         while s.load_time_ms <= self.now + self.lookahead_ms:
             t = s.load_time_ms
-            for chunk in s.open_slot(t):
-                for r in s.resolve_many(chunk, t):
-                    if r is None:
-                        continue
-                    if isinstance(r, CorruptData):
-                        self.unreadable += 1
-                        continue
-                    if isinstance(r, Record):
-                        assert r.deliver_at > t, "a message due now must not be rolled again"
-                        s.roll_forward(dataclasses.replace(r))
-                        continue
+            for chunk in s.dispatch.open_slot(t):
+                res = s.dispatch.resolve(chunk, t)
+                self.unreadable += len(res.unreadable)
+                for r in res.roll:
+                    assert r.deliver_at > t, "a message due now must not be rolled again"
+                    s.dispatch.roll_forward(dataclasses.replace(r))
+                for due in res.due:
                     # A Due never leaves a slot before its own (the timer side is never early).
-                    assert r.deliver_at - r.deliver_at % p <= t, (r, t)
-                    self.pending.append(r)
+                    assert due.deliver_at - due.deliver_at % p <= t, (due, t)
+                    self.pending.append(due)
 
     def release(self) -> list[Due]:
         ready = [d for d in self.pending if d.deliver_at <= self.now]
         if not ready:
             return []
         self.pending = [d for d in self.pending if d.deliver_at > self.now]
-        out = self.store.release(ready, self.now)
+        out = self.store.dispatch.release(ready, self.now)
         for d in out:
             assert d.deliver_at <= self.now
         self.released.extend(out)
@@ -137,8 +133,7 @@ def no_fsync() -> Iterator[None]:
 
 
 def open_store(d: Path, clock: list[int], cfg: StoreConfig = SMALL) -> Store:
-    s = Store(d, cfg, clock_ms=lambda: clock[0])
-    s.recover()
+    s, _report = open_data_dir(d, cfg, lambda: clock[0])
     return s
 
 
@@ -148,7 +143,7 @@ def topic_of(store: Store, seq: int) -> str:
 
 
 def ready_units(store: Store) -> dict[str, list[ReadyUnit]]:
-    return {t: list(q.scan(0)) for t, q in store.ready.items()}
+    return {t: list(store.ready.scan(t, 0)) for t in store.ready.topics()}
 
 
 def delivered_seqs(store: Store) -> list[int]:

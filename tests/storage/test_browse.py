@@ -17,6 +17,7 @@ import pytest
 from delayd.storage import browse
 from delayd.storage.browse import Page, Position, Query
 from delayd.storage.msgtable import MessageState
+from delayd.storage.recovery import open_store as open_data_dir
 from delayd.storage.store import NewMessage, Store, StoreConfig
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -197,8 +198,7 @@ def test_restart_replays_the_far_index_and_rebuilds_a_lost_one(tmp_path: Path, c
     # Deleted: rebuilt from the commit log.
     for f in tmp_path.glob("far.sqlite*"):
         f.unlink()
-    s = Store(tmp_path, SMALL, clock_ms=lambda: clock[0])
-    report = s.recover()
+    s, report = open_data_dir(tmp_path, SMALL, lambda: clock[0])
     assert report.far == "rebuilt" and report.far_replayed == len(expected)
     assert "far index rebuilt" in report.line()
     drv = Driver(s, clock)
@@ -209,8 +209,8 @@ def test_restart_replays_the_far_index_and_rebuilds_a_lost_one(tmp_path: Path, c
     (tmp_path / "far.sqlite").write_bytes(b"this is not a database" * 100)
     for f in tmp_path.glob("far.sqlite-*"):
         f.unlink()
-    s = Store(tmp_path, SMALL, clock_ms=lambda: clock[0])
-    assert s.recover().far == "rebuilt"
+    s, report = open_data_dir(tmp_path, SMALL, lambda: clock[0])
+    assert report.far == "rebuilt"
     assert list(tmp_path.glob("far.bad-*"))
     assert listed(Driver(s, clock)) == expected
     drain(Driver(s, clock), T0 + 6 * WINDOW)
@@ -244,8 +244,7 @@ def test_topic_filter_skips_other_topics_without_reading_them(tmp_path: Path, cl
 
 def test_a_big_slot_is_walked_once_and_its_view_reused(tmp_path: Path, clock: list[int]) -> None:
     cfg = StoreConfig(precision_ms=1000, roll_window_ms=60_000, msgtable_segment_entries=1 << 16)
-    s = Store(tmp_path, cfg, clock_ms=lambda: clock[0])
-    s.recover()
+    s = open_store(tmp_path, clock, cfg)
     drv = Driver(s, clock)
     rng = random.Random(5)
     n = browse.STEP_UNITS + browse.CACHE_MIN_UNITS
@@ -306,8 +305,7 @@ def test_stale_far_rows_are_pruned_when_read(tmp_path: Path, clock: list[int]) -
 def test_a_damaged_chain_skips_its_slot_not_the_listing(tmp_path: Path, clock: list[int],
                                                         caplog: pytest.LogCaptureFixture, big: bool) -> None:
     cfg = StoreConfig(precision_ms=1000, roll_window_ms=60_000)
-    s = Store(tmp_path, cfg, clock_ms=lambda: clock[0])
-    s.recover()
+    s = open_store(tmp_path, clock, cfg)
     drv = Driver(s, clock)
     base = T0 - T0 % 1000 + 10_000
     n = browse.CACHE_MIN_UNITS if big else 3

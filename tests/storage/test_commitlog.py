@@ -313,3 +313,23 @@ def test_decode_of_a_bytearray_or_memoryview_gives_bytes() -> None:
     for buf in (bytearray(b"xx" + data), memoryview(b"xx" + data)):
         r = decode(buf, 2)
         assert type(r.body) is bytes and r.body == b"hello body" and r.headers == {"trace": "abc", "ü": "ß"}
+
+
+def test_scan_buffer_gives_a_buffer_of_records_as_columns() -> None:
+    from delayd.storage.commitlog import HEADER, ScanStop, scan_buffer
+    recs = [encode(full_record(i, b"b" * i), cl.RecordFlag.CONTINUED if i in (1, 2) else 0) for i in range(4)]
+    buf = b"".join(recs)
+    scan = scan_buffer(buf)
+    offsets = [sum(len(r) for r in recs[:i]) for i in range(4)]
+    assert list(scan.starts) == offsets and scan.end == len(buf) and scan.stop is ScanStop.END
+    assert scan.batch_end == len(buf)  # record 3 closes the batch 1..3
+    assert [h[5] for h in HEADER.iter_unpack(scan.headers())] == [0, 1, 2, 3]  # seq
+    cut = scan_buffer(buf[:-5])  # the last record runs past the buffer
+    assert list(cut.starts) == offsets[:3] and cut.stop is ScanStop.CUT and cut.end == offsets[3]
+    assert cut.batch_end == offsets[1], "records 1 and 2 belong to a batch whose end is not there"
+    damaged = bytearray(buf)
+    damaged[offsets[2] + 60] ^= 1
+    bad = scan_buffer(bytes(damaged))
+    assert list(bad.starts) == offsets[:2] and bad.stop is ScanStop.DAMAGED and bad.end == offsets[2]
+    assert len(scan_buffer(bytes(damaged), verify=False)) == 4  # without CRCs the layout still holds
+    assert scan_buffer(buf[:20]).stop is ScanStop.CUT and scan_buffer(b"").stop is ScanStop.END

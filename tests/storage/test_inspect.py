@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from delayd.storage import inspect
+from delayd.storage.recovery import open_store as open_data_dir
 from delayd.storage.store import NewMessage, Store
 
 from tests.storage.driver import SMALL, Driver, drain, open_store
@@ -98,7 +99,7 @@ def test_damage_shows_in_dump_and_check(live: Store) -> None:
 def test_check_of_an_empty_or_missing_directory(tmp_path: Path) -> None:
     assert inspect.check(tmp_path / "nothing").ok
     d = tmp_path / "fresh"
-    Store(d, SMALL).close()
+    open_data_dir(d, SMALL)[0].close()
     assert inspect.check(d).ok
     assert list(inspect.dump(d, "checkpoint")) == ["# checkpoint: missing", "# checkpoint.prev: missing"]
 

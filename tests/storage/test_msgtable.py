@@ -2,18 +2,29 @@
 
 from __future__ import annotations
 
-import os
 import struct
 from pathlib import Path
 
-from delayd.storage.msgtable import ENTRY, ENTRY_SIZE, MessageState, MessageTable
+from delayd.storage.msgtable import (
+    ENTRY,
+    ENTRY_SIZE,
+    MSGTABLE_FORMAT,
+    MSGTABLE_VERSION,
+    MessageState,
+    MessageTable,
+)
+from delayd.storage.segments import SEGMENT_HEADER, SEGMENT_HEADER_SIZE
+
+H = SEGMENT_HEADER_SIZE  # a segment's entries start after its header
 
 
 def test_entry_fields_at_their_offsets(tmp_path: Path) -> None:
     t = MessageTable(tmp_path / "mt", segment_entries=8)
     t.set(11, MessageState.SCHEDULED, 2**40 + 3, 777, roll_count=4)
     t.flush()
-    raw = (tmp_path / "mt" / f"{1:020d}").read_bytes()[3 * 16:4 * 16]
+    data = (tmp_path / "mt" / f"{1:020d}").read_bytes()
+    assert SEGMENT_HEADER.unpack_from(data)[:5] == (MSGTABLE_FORMAT.magic, MSGTABLE_VERSION, H, 16, 1)
+    raw = data[H + 3 * 16:H + 4 * 16]
     assert ENTRY_SIZE == ENTRY.size == 16
     assert raw[0] == MessageState.SCHEDULED  # state
     assert raw[1] == 0  # flags
@@ -41,7 +52,9 @@ def test_unknown_entries(tmp_path: Path) -> None:
     assert t.get(7) == (MessageState.UNKNOWN, -1, 0, 0)  # past the end of the file
     assert t.get(0)[0] == MessageState.UNKNOWN  # a hole
     t.set(2, MessageState.SCHEDULED, 5, 5)
-    os.pwrite(t._fd(0), bytes((99,)), 2 * ENTRY_SIZE)  # a state this build does not know
+    with open(tmp_path / "mt" / f"{0:020d}", "r+b") as f:  # a state this build does not know
+        f.seek(H + 2 * ENTRY_SIZE)
+        f.write(bytes((99,)))
     assert t.get(2) == (MessageState.UNKNOWN, -1, 0, 0)
     t.close()
 
@@ -70,7 +83,7 @@ def test_delete_before_drops_whole_segments_only(tmp_path: Path) -> None:
     assert t.delete_before(9) == 2  # segments 0 and 1; 8..11 stays
     assert t.get(7)[0] == MessageState.UNKNOWN
     assert t.get(8) == (MessageState.DELIVERED, 8, 1, 0)
-    assert t.disk_bytes() == 4 * ENTRY_SIZE
+    assert t.disk_bytes() == H + 4 * ENTRY_SIZE
     t.set(1, MessageState.SCHEDULED, 1, 1)  # a deleted segment comes back on write
     t.reset()
     assert list((tmp_path / "mt").iterdir()) == []

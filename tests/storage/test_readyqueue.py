@@ -6,8 +6,18 @@ import struct
 import zlib
 from pathlib import Path
 
-from delayd.storage.readyqueue import UNIT, UNIT_SIZE, ReadyQueue, ReadyUnit, tag_hash
-from delayd.storage.segments import segment_name
+from delayd.storage.readyqueue import (
+    READY_FORMAT,
+    READY_VERSION,
+    UNIT,
+    UNIT_SIZE,
+    ReadyQueue,
+    ReadyUnit,
+    tag_hash,
+)
+from delayd.storage.segments import SEGMENT_HEADER, SEGMENT_HEADER_SIZE, segment_name
+
+H = SEGMENT_HEADER_SIZE  # a segment's units start after its header
 
 
 def u(i: int) -> tuple[int, int, int, int, int, int]:
@@ -18,7 +28,9 @@ def test_unit_fields_at_their_offsets(tmp_path: Path) -> None:
     q = ReadyQueue(tmp_path / "q", segment_units=4)
     q.append([(2**40, 4321, 0xCAFEBABE, 1_700_000_000_001, 1_700_000_000_002, 2**63 + 1)])
     q.flush()
-    data = (tmp_path / "q" / segment_name(0)).read_bytes()
+    raw = (tmp_path / "q" / segment_name(0)).read_bytes()
+    assert SEGMENT_HEADER.unpack_from(raw)[:5] == (READY_FORMAT.magic, READY_VERSION, H, 40, 0)
+    data = raw[H:]
     assert len(data) == UNIT_SIZE == UNIT.size == 40
     assert struct.unpack_from("<q", data, 0)[0] == 2**40  # commit_offset
     assert struct.unpack_from("<I", data, 8)[0] == 4321  # commit_size
@@ -64,5 +76,5 @@ def test_torn_unit_cut_on_open_truncate_and_delete_before(tmp_path: Path) -> Non
     assert q.delete_before(3) == [0]
     assert q.start == 3
     assert [x.index for x in q.read(0, 10)] == [3, 4]
-    assert q.disk_bytes() == 2 * UNIT_SIZE
+    assert q.disk_bytes() == H + 2 * UNIT_SIZE
     q.close()

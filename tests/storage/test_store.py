@@ -16,12 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from delayd.storage.commitlog import RecordType
+from delayd.storage.commitlog import Record, RecordType
 from delayd.storage.errors import StorageError
 from delayd.storage.msgtable import MessageState
 from delayd.storage.readyqueue import tag_hash
-from delayd.storage.store import Due, NewMessage, RecoveryReport, Store, StoreConfig
-from delayd.storage.timerlog import UnitMagic
+from delayd.storage.recovery import RecoveryReport
+from delayd.storage.recovery import open_store as open_data_dir
+from delayd.storage.store import Due, NewMessage, Store, StoreConfig
+from delayd.storage.timerlog import Unit, UnitMagic
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -46,6 +48,13 @@ def clock() -> list[int]:
     return [T0]
 
 
+def resolve(s: Store, unit: Unit, slot_time: int) -> Due | Record | None:
+    """Dispatch.resolve of one unit: a Due, a Record to roll, or None (dropped)."""
+    res = s.dispatch.resolve([unit], slot_time)
+    assert not res.unreadable
+    return (res.due or res.roll or [None])[0]
+
+
 def test_produce_index_load_resolve_release(tmp_path: Path, clock: list[int]) -> None:
     s = open_store(tmp_path, clock)
     seqs = s.append_messages([NewMessage("orders", b"one", T0 + 25, tag="paid", key="k1", headers={"h": "v"}),
@@ -58,26 +67,26 @@ def test_produce_index_load_resolve_release(tmp_path: Path, clock: list[int]) ->
     assert (rec.type, rec.body, rec.tag, rec.key, rec.headers, rec.produced_at) == \
         (RecordType.MESSAGE, b"one", "paid", "k1", {"h": "v"}, T0)
 
-    recs, pos = s.read_records(s.indexed, 10)
+    recs, pos = s.commit.read_records(s.indexed, 10)
     assert [r.seq for r in recs] == [1, 2] and pos == s.commit.end
-    assert s.index(recs, T0) == 2 and s.indexed == pos
+    assert s.indexer.index(recs, T0).consumed == 2 and s.indexed == pos
     assert s.scheduled == 2
-    assert s.schedule(T0, T0 + 40, 10) == [[T0, 0], [T0 + 10, 0], [T0 + 20, 2], [T0 + 30, 0]]
+    assert s.schedule_buckets(T0, T0 + 40, 10) == [[T0, 0], [T0 + 10, 0], [T0 + 20, 2], [T0 + 30, 0]]
 
     for t in (T0, T0 + 10):
-        assert s.load_slot(t) == []
-    units = sorted(s.load_slot(T0 + 20), key=lambda u: u.seq)
+        assert s.dispatch.load_slot(t) == []
+    units = sorted(s.dispatch.load_slot(T0 + 20), key=lambda u: u.seq)
     assert [(u.seq, u.magic, u.fire_time) for u in units] == [(1, UnitMagic.DEFAULT, T0 + 25),
                                                                (2, UnitMagic.DEFAULT, T0 + 27)]
     assert s.load_time_ms == T0 + 30
-    due = s.resolve(units[0], T0 + 20)
+    due = resolve(s, units[0], T0 + 20)
     assert isinstance(due, Due)
     assert (due.deliver_at, due.seq, due.topic, due.commit_offset, due.commit_size, due.tag_hash,
             due.slot_time) == (T0 + 25, 1, "orders", off, size, tag_hash("paid"), T0 + 20)
-    assert s.release([due], T0 + 25) == [due]
+    assert s.dispatch.release([due], T0 + 25) == [due]
     assert s.state(1)[0] == MessageState.DELIVERED
-    assert s.release([due], T0 + 26) == []  # never twice
-    assert s.resolve(units[0], T0 + 20) is None
+    assert s.dispatch.release([due], T0 + 26) == []  # never twice
+    assert resolve(s, units[0], T0 + 20) is None
     [u] = ready_units(s)["orders"]
     assert (u.index, u.commit_offset, u.commit_size, u.tag_hash, u.deliver_at, u.released_at, u.seq) == \
         (0, off, size, tag_hash("paid"), T0 + 25, T0 + 25, 1)
@@ -89,9 +98,9 @@ def test_produce_index_load_resolve_release(tmp_path: Path, clock: list[int]) ->
 def test_a_second_store_on_the_same_directory_is_refused(tmp_path: Path, clock: list[int]) -> None:
     s = open_store(tmp_path, clock)
     with pytest.raises(StorageError):
-        Store(tmp_path, SMALL)
+        open_data_dir(tmp_path, SMALL)
     s.close()
-    Store(tmp_path, SMALL).close()
+    open_data_dir(tmp_path, SMALL)[0].close()
 
 
 def test_cancel_before_index_after_index_and_in_flight(tmp_path: Path, clock: list[int]) -> None:
@@ -119,7 +128,7 @@ def test_far_messages_roll_and_are_delivered_once_at_their_time(tmp_path: Path, 
     drv = Driver(s, clock)
     [seq] = s.append_messages([NewMessage("orders", b"far", T0 + 1_000)], T0)
     drv.enqueue()
-    assert s.schedule(T0, T0 + 3_600_000, 3_600_000)[0][1] == 1  # counted by the hour beyond the window
+    assert s.schedule_buckets(T0, T0 + 3_600_000, 3_600_000)[0][1] == 1  # counted by the hour beyond the window
     drain(drv, T0 + 999)
     assert drv.released == [] and s.state(seq)[0] == MessageState.SCHEDULED
     rolls = [r for r in s.commit.scan(0) if r.type == RecordType.ROLL]
@@ -140,12 +149,10 @@ def test_a_message_indexed_after_its_slot_was_loaded_goes_out_late_not_never(tmp
     drv.now = T0 + 100
     drv.dequeue()  # slots up to T0+100 are loaded
     [seq] = s.append_messages([NewMessage("orders", b"late", T0 + 30)], T0 + 100)
-    recs, _ = s.read_records(s.indexed, 10)
-    s.index(recs, drv.now)
-    [late] = s.take_late()
+    recs, _ = s.commit.read_records(s.indexed, 10)
+    [late] = s.indexer.index(recs, drv.now).late
     assert late.seq == seq and late.deliver_at == T0 + 30 and late.slot_time == s.load_time_ms
-    assert s.take_late() == []
-    assert [x.seq for x in s.release([late], drv.now)] == [seq]
+    assert [x.seq for x in s.dispatch.release([late], drv.now)] == [seq]
     drv.now = T0 + 200
     drv.step()  # the durable unit in the next slot finds the message delivered
     assert drv.released == [] and delivered_seqs(s) == [seq]
@@ -158,10 +165,11 @@ def test_index_blocks_instead_of_overwriting_an_unread_lap(tmp_path: Path, clock
     span = s.timers.wheel.span_ms
     drv.advance(span + 100, checkpoint_every_ms=10**9)  # the durable read time stays at T0
     s.append_messages([NewMessage("orders", b"x", drv.now + 150)], drv.now)
-    recs, _ = s.read_records(s.indexed, 10)
-    assert s.index(recs, drv.now) == 0
+    recs, _ = s.commit.read_records(s.indexed, 10)
+    blocked = s.indexer.index(recs, drv.now)
+    assert blocked.consumed == 0 and blocked.blocked
     drv.checkpoint()
-    assert s.index(recs, drv.now) == 1
+    assert s.indexer.index(recs, drv.now).consumed == 1
     drain(drv, drv.now + 200)
     assert len(drv.released) == 1
     s.close()
@@ -174,8 +182,7 @@ def test_checkpoint_and_recover(tmp_path: Path, clock: list[int]) -> None:
     drain(drv, T0 + 200)
     drv.checkpoint()
     s.close()
-    s = Store(tmp_path, SMALL, clock_ms=lambda: clock[0])
-    rep = s.recover()
+    s, rep = open_data_dir(tmp_path, SMALL, lambda: clock[0])
     assert isinstance(rep, RecoveryReport) and rep.checkpoint == "ok" and rep.wheel == "ok"
     assert rep.commit.truncated_bytes == 0 and rep.replayed_records == 0
     assert "recovery done in" in rep.line() and "checkpoint ok" in rep.line()
@@ -188,8 +195,7 @@ def test_checkpoint_and_recover(tmp_path: Path, clock: list[int]) -> None:
 
 
 def test_recover_of_an_empty_directory(tmp_path: Path, clock: list[int]) -> None:
-    s = Store(tmp_path, SMALL, clock_ms=lambda: clock[0])
-    rep = s.recover()
+    s, rep = open_data_dir(tmp_path, SMALL, lambda: clock[0])
     assert rep.checkpoint == "none" and rep.commit.records == 0
     assert s.load_time_ms == T0
     s.close()
@@ -200,8 +206,7 @@ def test_group_events_are_handed_back_by_recovery(tmp_path: Path, clock: list[in
     s.append_group_event("orders", "billing", b"\x81\xa2op\xa3ack")
     s.flush_commit()
     s.close()
-    s = Store(tmp_path, SMALL, clock_ms=lambda: clock[0])
-    rep = s.recover()
+    s, rep = open_data_dir(tmp_path, SMALL, lambda: clock[0])
     [ev] = rep.group_events
     assert (ev.type, ev.topic, ev.key, ev.body) == (RecordType.GROUP, "orders", "billing", b"\x81\xa2op\xa3ack")
     s.close()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from delayd.storage.errors import Insane
+from delayd.storage.segments import SEGMENT_HEADER_SIZE
 from delayd.storage.timerindex import Entry, TimerIndex
 from delayd.storage.timerlog import NO_POS, UNIT_SIZE, UnitMagic
 from delayd.storage.timerwheel import Slot
@@ -241,8 +242,9 @@ def test_rebuild_links_around_damaged_units_and_stray_pointers(tmp_path: Path) -
     seg = tmp_path / "timerlog" / f"{0:020d}"
     ix.close()
     data = bytearray(seg.read_bytes())
-    data[2 * UNIT_SIZE + 12:2 * UNIT_SIZE + 16] = bytes(4)  # unit of seq 2: unreadable
-    data[4 * UNIT_SIZE + 4:4 * UNIT_SIZE + 12] = (5 * UNIT_SIZE).to_bytes(8, "little", signed=True)[:8]
+    h = SEGMENT_HEADER_SIZE  # the units start after the segment's header
+    data[h + 2 * UNIT_SIZE + 12:h + 2 * UNIT_SIZE + 16] = bytes(4)  # unit of seq 2: unreadable
+    data[h + 4 * UNIT_SIZE + 4:h + 4 * UNIT_SIZE + 12] = (5 * UNIT_SIZE).to_bytes(8, "little", signed=True)[:8]
     seg.write_bytes(bytes(data))  # ... and seq 4's prev_pos is flipped (points past itself)
     ix = open_index(tmp_path, segment_units=16)
     with pytest.raises(Insane):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -51,13 +52,18 @@ class DaemonProcess:
     `command_prefix` replaces `python -m delayd` (the benchmark runs other builds that way);
     `new_session` puts the daemon in its own session, so a Ctrl-C in the terminal reaches only the
     parent, which then stops the daemon itself.
+    `node_id` is passed as `--node-id` (default "d", so tests about something else can spell
+    message ids); None leaves it unset, for the daemon to record or generate one.
+    `rlimit_nofile` starts the daemon with that RLIMIT_NOFILE (soft and hard).
     """
 
     def __init__(self, data_dir: Path, *, port: int | None = None, fsync: str = "always",
                  extra_args: list[str] | None = None, env: dict[str, str] | None = None,
                  config_text: str | None = None, command_prefix: list[str] | None = None,
-                 new_session: bool = False) -> None:
+                 new_session: bool = False, node_id: str | None = "d", rlimit_nofile: int | None = None) -> None:
         self.data_dir = Path(data_dir)
+        self.node_id = node_id
+        self.rlimit_nofile = rlimit_nofile
         self.port = port or free_port()
         self.fsync = fsync
         self.extra_args = list(extra_args or [])
@@ -79,14 +85,23 @@ class DaemonProcess:
             cfg = self.data_dir.parent / f"{self.data_dir.name}-config.toml"
             cfg.write_text(self.config_text)
             cmd += ["--config", str(cfg)]
+        if self.node_id is not None and "--node-id" not in self.extra_args:
+            cmd += ["--node-id", self.node_id]
         return cmd + self.extra_args
 
     def start(self, wait_ready: bool = True, timeout_s: float = 30.0) -> DaemonProcess:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
         env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
+        limit = self.rlimit_nofile
+
+        def preexec() -> None:
+            if limit is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
         self.proc = subprocess.Popen(self.command(), cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                     start_new_session=self.new_session)
+                                     start_new_session=self.new_session,
+                                     preexec_fn=preexec if limit is not None else None)
         log.close()
         STARTED.append(self)
         if wait_ready:
@@ -103,6 +118,11 @@ class DaemonProcess:
             except (urllib.error.URLError, ConnectionError, OSError):
                 return False
         wait_until(ready, timeout_s, 0.02, "daemon /readyz")
+
+    def open_fds(self) -> int:
+        """How many descriptors the daemon process holds now (Linux /proc)."""
+        assert self.proc is not None
+        return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
 
     def log_tail(self, n: int = 60) -> str:
         try:

@@ -1,6 +1,6 @@
 """PySpark data source `delayd`: bulk scheduling into a daemon, and analytics over its data directory.
 
-    from delayd.client.spark import register
+    from delayd.spark import register
     register(spark)                                   # once per SparkSession
 
     # write: one delayed message per row (batched, msgpack, one HTTP connection per partition)
@@ -16,29 +16,31 @@
 `write(df, url, topic)` does the same as the write above and returns a `WriteReport` (rows
 scheduled, duplicates, ...). See docs/spark.md for every column and option.
 
-The module depends on nothing of this repository: `register()` makes Spark ship it to the Python
-workers by value, so executors need only pyspark, pyarrow, numpy and msgpack installed. The record
-byte tables it reads are those of storage/commitlog.py and storage/readyqueue.py (format version 1);
-tests/spark checks this reader against storage.commitlog.decode.
+It sits beside storage, not in the SDK: the writer speaks the HTTP API, but the reader reads the
+data directory's files, through storage's own read-only code — the commit log's one decoder
+(`commitlog.scan_buffer`: whole records of a buffer as columns, which this module turns into Arrow
+arrays with numpy; `find_record` to resync after damage) and the segment headers. `register()`
+makes Spark ship the `delayd` package to the Python workers by value, so executors need pyspark,
+pyarrow, numpy and msgpack installed, not delayd itself.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import http.client
 import json
 import os
 import queue
 import random
-import struct
 import sys
 import tempfile
 import threading
 import time
 import urllib.parse
-import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -66,6 +68,22 @@ from pyspark.sql.types import (
     TimestampNTZType,
     TimestampType,
 )
+
+from delayd.storage.commitlog import (
+    HEADER,
+    HEADER_SIZE,
+    BufferScan,
+    RecordType,
+    ScanStop,
+    declared_length,
+    find_record,
+    scan_buffer,
+)
+from delayd.storage.datadir import LEGACY_NODE_ID, Layout, read_meta
+from delayd.storage.errors import CorruptData, UnsupportedVersion
+from delayd.storage.readyqueue import READY_FORMAT
+from delayd.storage.readyqueue import UNIT_SIZE as READY_UNIT_SIZE
+from delayd.storage.segments import list_segments, read_header, segment_name
 
 FORMAT = "delayd"
 DEFAULT_URL = "http://127.0.0.1:7070"
@@ -107,8 +125,11 @@ def register(spark: Any) -> None:
     """Register the `delayd` format with `spark` (a SparkSession)."""
     from pyspark import cloudpickle
 
-    # Ship this module's code to the Python workers by value: they need not have it installed.
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    import delayd
+
+    # Ship the package's code to the Python workers by value: they need not have it installed.
+    # (storage's byte tables are storage.bytetable.ByteTable, which pickles.)
+    cloudpickle.register_pickle_by_value(delayd)
     spark.dataSource.register(DelaydDataSource)
 
 
@@ -546,25 +567,21 @@ def write(df: Any, url: str = DEFAULT_URL, topic: str | None = None, **options: 
 
 # ========================================================================================= read
 
-# storage/commitlog.py, format version 1 (little-endian, 48-byte header).
-RECORD_VERSION = 1
-HEADER_SIZE = 48
-MAX_RECORD = 64 * 1024 * 1024
-FLAG_CONTINUED = 1
-_LEN_CRC = "<II"  # a format string: this module is pickled by value; a Struct is not picklable
+_RECORD_TYPES = pa.array(["unknown", "message", "cancel", "roll", "group"])
+_MESSAGE, _CANCEL, _ROLL, _GROUP = (int(t) for t in (RecordType.MESSAGE, RecordType.CANCEL, RecordType.ROLL,
+                                                      RecordType.GROUP))
+# The commit-log record header (storage/commitlog.py HEADER) as a numpy dtype, to view the packed
+# headers commitlog.scan_buffer returns as columns.
 _HEADER = np.dtype([("length", "<u4"), ("crc", "<u4"), ("version", "u1"), ("type", "u1"), ("flags", "<u2"),
                     ("seq", "<u8"), ("deliver_at", "<i8"), ("produced_at", "<i8"), ("roll_count", "<u2"),
                     ("topic_len", "u1"), ("tag_len", "u1"), ("key_len", "<u2"), ("headers_len", "<u2"),
                     ("body_len", "<u4")])
-assert _HEADER.itemsize == HEADER_SIZE
-_RECORD_TYPES = pa.array(["unknown", "message", "cancel", "roll", "group"])
-_MESSAGE, _CANCEL, _ROLL, _GROUP = 1, 2, 3, 4
-# storage/readyqueue.py, format version 1: 40-byte units.
+assert _HEADER.itemsize == HEADER_SIZE == HEADER.size
+# storage/readyqueue.py UNIT, as a numpy dtype.
 _READY_UNIT = np.dtype([("commit_offset", "<i8"), ("commit_size", "<u4"), ("tag_hash", "<u4"),
                         ("deliver_at", "<i8"), ("released_at", "<i8"), ("seq", "<u8")])
-assert _READY_UNIT.itemsize == 40
+assert _READY_UNIT.itemsize == READY_UNIT_SIZE
 _HEX = np.frombuffer(b"0123456789abcdef", np.uint8)
-NAME_DIGITS = 20
 
 
 class Segment(InputPartition):
@@ -576,11 +593,19 @@ class Segment(InputPartition):
 
 
 def _segments(directory: str) -> list[tuple[int, str]]:
+    return [(b, os.path.join(directory, segment_name(b))) for b in list_segments(Path(directory))]
+
+
+def _node_id(data_dir: str) -> str:
+    """The node id the data directory recorded (its `meta` file), or "d" for a directory from
+    before node ids were recorded (storage.datadir)."""
     try:
-        names = os.listdir(directory)
-    except FileNotFoundError:
-        return []
-    return sorted((int(n), os.path.join(directory, n)) for n in names if n.isdigit() and len(n) == NAME_DIGITS)
+        meta = read_meta(Layout(Path(data_dir)).meta)
+    except UnsupportedVersion as e:
+        raise DelaydSparkError(str(e)) from e
+    except CorruptData as e:
+        raise DelaydSparkError(f"cannot tell the node id: {e}; set option node_id") from e
+    return meta.node_id if meta is not None else LEGACY_NODE_ID
 
 
 class DataDirReader(DataSourceReader):
@@ -590,7 +615,11 @@ class DataDirReader(DataSourceReader):
             raise DelaydSparkError("spark.read.format('delayd').load(DATA_DIR): the data directory is missing")
         self.data_dir = os.path.abspath(path)
         self.kind = (_opt(options, "kind", "commitlog") or "commitlog").lower()
-        self.node = _opt(options, "node_id", "d") or "d"
+        if not os.path.isdir(self.data_dir):
+            raise DelaydSparkError(f"{self.data_dir} is not a directory")
+        if self.kind == "commitlog" and not os.path.isdir(os.path.join(self.data_dir, "commitlog")):
+            raise DelaydSparkError(f"{self.data_dir} is not a delayd data directory (no commitlog/ in it)")
+        self.node = _opt(options, "node_id") or _node_id(self.data_dir)
         if not self.node.isalnum():
             raise DelaydSparkError(f"option node_id must be alphanumeric, not {self.node!r}")
         self.verify = _bool_opt(options, "verify", True)
@@ -602,10 +631,6 @@ class DataDirReader(DataSourceReader):
         self.names = [f.name for f in schema.fields]
         self.with_body = "body" in self.names
         self.with_headers = "headers" in self.names
-        if not os.path.isdir(self.data_dir):
-            raise DelaydSparkError(f"{self.data_dir} is not a directory")
-        if self.kind == "commitlog" and not os.path.isdir(os.path.join(self.data_dir, "commitlog")):
-            raise DelaydSparkError(f"{self.data_dir} is not a delayd data directory (no commitlog/ in it)")
 
     def partitions(self) -> Sequence[InputPartition]:
         if self.kind == "ready":
@@ -622,13 +647,17 @@ class DataDirReader(DataSourceReader):
         assert isinstance(partition, Segment)
         if not partition.path:
             return
-        if self.kind == "ready":
-            yield from self._read_ready(partition)
-        else:
-            yield from self._read_commitlog(partition)
+        try:
+            if self.kind == "ready":
+                yield from self._read_ready(partition)
+            else:
+                yield from self._read_commitlog(partition)
+        except UnsupportedVersion as e:
+            raise DelaydSparkError(f"{e} (this reader is delayd's storage decoder: upgrade delayd)") from e
 
     # -- commit log ---------------------------------------------------------------------------
     def _read_commitlog(self, seg: Segment) -> Iterator[pa.RecordBatch]:
+        """One segment, chunk by chunk, through storage's batch decoder (commitlog.scan_buffer)."""
         try:
             fd = os.open(seg.path, os.O_RDONLY)
         except FileNotFoundError:
@@ -637,39 +666,41 @@ class DataDirReader(DataSourceReader):
             directory = os.path.dirname(seg.path)
             pos = 0  # file-relative offset of the next unread record
             size = self.chunk_bytes
+            last = _is_last(directory, seg.base)
             while True:
                 buf = os.pread(fd, size, pos)
+                if not buf:
+                    return
                 full = len(buf) == size
-                starts, h, end, bad = _record_bounds(buf, self.verify)
-                last = _is_last(directory, seg.base)
-                if last and len(starts):
+                scan = scan_buffer(buf, verify=self.verify)
+                end, stop = scan.end, scan.stop
+                held = last and stop is not ScanStop.DAMAGED and scan.batch_end < end
+                if held:
                     # The segment the daemon appends to: an atomic batch is one write, so records
                     # of a batch whose end is not there yet are held back (and never shown if the
-                    # batch stays unfinished).
-                    keep = _complete_prefix(h)
-                    if keep < len(starts):
-                        end = int(starts[keep])
-                        starts, h = starts[:keep], h[:keep]
-                if len(starts):
-                    yield self._commitlog_batch(buf, seg.base + pos, starts, h)
+                    # batch stays unfinished). Before damage they are shown: that batch cannot end.
+                    end = scan.batch_end
+                    scan.starts = scan.starts[:bisect.bisect_left(scan.starts, end)]
+                if len(scan.starts):
+                    yield self._commitlog_batch(buf, seg.base + pos, scan)
                 pos += end
-                if not bad:
-                    if full:
-                        # a record (or held-back batch) larger than the buffer: read more at once
-                        size = self.chunk_bytes if len(starts) else max(2 * size, _declared_length(buf, end))
-                        continue
-                    if end == len(buf):
-                        return  # the end of the file
+                if full and stop is not ScanStop.DAMAGED:
+                    # More of the file than this buffer held: go on from the first byte not yet
+                    # shown (with a bigger buffer for one record, or one batch, larger than it).
+                    size = self.chunk_bytes if end else max(2 * size, declared_length(buf, 0))
+                    continue
+                if held or stop is ScanStop.END:
+                    return  # the end of the file (or the unfinished batch the daemon is writing)
                 # The bytes at `pos` are not a whole record: damage (an intact record follows), or
-                # the tail the daemon is writing right now (nothing intact follows, live segment).
-                nxt = _resync(fd, pos, self.verify)
+                # a torn tail (nothing intact follows: the live segment's is being written).
+                rest = os.pread(fd, os.fstat(fd).st_size - pos, pos)
+                nxt = find_record(rest, 1, seg.base + pos)
                 if nxt is None:
-                    if not last:
-                        tail = os.fstat(fd).st_size - pos
-                        self._damage(seg, pos, f"{tail} bytes at the end of a sealed segment are not records")
+                    if not last and rest:
+                        self._damage(seg, pos, f"{len(rest)} bytes at the end of a sealed segment are not records")
                     return
-                self._damage(seg, pos, f"{nxt - pos} damaged bytes before the next intact record")
-                pos = nxt
+                self._damage(seg, pos, f"{nxt} damaged bytes before the next intact record")
+                pos += nxt
                 size = self.chunk_bytes
         finally:
             os.close(fd)
@@ -680,8 +711,12 @@ class DataDirReader(DataSourceReader):
             raise DelaydSparkError(msg + " (on_damage=fail)")
         print(f"delayd spark reader: {msg}; skipped", file=sys.stderr)
 
-    def _commitlog_batch(self, buf: bytes, base: int, st: np.ndarray, h: np.ndarray) -> pa.RecordBatch:
+    def _commitlog_batch(self, buf: bytes, base: int, scan: BufferScan) -> pa.RecordBatch:
         raw = np.frombuffer(buf, np.uint8)
+        st = np.frombuffer(scan.starts, np.int64)
+        # The records' headers as one structured array (what scan.headers() packs, gathered here
+        # by numpy without a Python loop).
+        h = sliding_window_view(raw, HEADER_SIZE)[st].view(_HEADER).reshape(-1)
         tl = h["topic_len"].astype(np.int64)
         gl = h["tag_len"].astype(np.int64)
         kl = h["key_len"].astype(np.int64)
@@ -713,16 +748,17 @@ class DataDirReader(DataSourceReader):
 
     # -- ready queues -------------------------------------------------------------------------
     def _read_ready(self, seg: Segment) -> Iterator[pa.RecordBatch]:
-        unit = _READY_UNIT.itemsize
+        unit = READY_UNIT_SIZE
         per_read = max(1, self.chunk_bytes // unit) * unit
         try:
+            header, _data = read_header(READY_FORMAT, Path(seg.path), seg.base)  # 0 for a version-1 segment
             fd = os.open(seg.path, os.O_RDONLY)
         except FileNotFoundError:
             return
         try:
             pos = 0
             while True:
-                buf = os.pread(fd, per_read, pos)
+                buf = os.pread(fd, per_read, header + pos)
                 n = len(buf) // unit
                 if n == 0:
                     return
@@ -750,82 +786,7 @@ class DataDirReader(DataSourceReader):
 
 def _is_last(directory: str, base: int) -> bool:
     """No segment after `base`: it is the one the daemon appends to (or did, last)."""
-    return all(b <= base for b, _ in _segments(directory))
-
-
-def _declared_length(buf: bytes, i: int) -> int:
-    if len(buf) - i < 4:
-        return HEADER_SIZE
-    (length,) = struct.unpack_from("<I", buf, i)
-    return length if HEADER_SIZE <= length <= MAX_RECORD else HEADER_SIZE
-
-
-def _record_bounds(buf: bytes, verify: bool) -> tuple[np.ndarray, np.ndarray, int, bool]:
-    """The whole records at the start of `buf`: (their offsets in `buf`, their headers, where they
-    end, whether the bytes there are impossible as a record rather than a record cut by the end of
-    `buf`). With `verify`, a record whose CRC does not match ends the run as impossible."""
-    n = len(buf)
-    pos = 0
-    starts: list[int] = []
-    ap = starts.append
-    unpack = struct.Struct("<I").unpack_from
-    bad = False
-    while pos + HEADER_SIZE <= n:  # the length chain: the one inherently sequential part
-        (length,) = unpack(buf, pos)
-        if length < HEADER_SIZE or length > MAX_RECORD:
-            bad = True
-            break
-        e = pos + length
-        if e > n:
-            break
-        ap(pos)
-        pos = e
-    if not starts:
-        return np.zeros(0, np.int64), np.zeros(0, _HEADER), 0, bad
-    st = np.array(starts, np.int64)
-    h = sliding_window_view(np.frombuffer(buf, np.uint8), HEADER_SIZE)[st].view(_HEADER).reshape(-1)
-    ok = (HEADER_SIZE + h["topic_len"].astype(np.int64) + h["tag_len"] + h["key_len"].astype(np.int64)
-          + h["headers_len"] + h["body_len"].astype(np.int64)) == h["length"]
-    intact = ok
-    if verify:
-        crc32 = zlib.crc32
-        ends = starts[1:] + [pos]
-        intact = np.array([crc32(buf[s + 8:e]) for s, e in zip(starts, ends, strict=True)], np.uint32) == h["crc"]
-        ok = ok & intact
-    newer = intact & (h["version"] != RECORD_VERSION)
-    if newer.any():
-        # An intact record of another format version: never skip those as if damaged.
-        version = int(h["version"][np.argmax(newer)])
-        raise DelaydSparkError(f"commit-log record format version {version} is not supported (this reader "
-                               f"knows version {RECORD_VERSION}); upgrade client/spark.py")
-    if not ok.all():
-        k = int(np.argmin(ok))
-        return st[:k], h[:k], starts[k], True
-    return st, h, pos, bad
-
-
-def _complete_prefix(h: np.ndarray) -> int:
-    """How many of the records keep whole atomic batches (the last one kept has no CONTINUED flag)."""
-    done = np.nonzero((h["flags"] & FLAG_CONTINUED) == 0)[0]
-    return int(done[-1]) + 1 if len(done) else 0
-
-
-def _resync(fd: int, bad: int, verify: bool) -> int | None:
-    """File offset of the next intact record after the bytes at `bad`, or None (none follows)."""
-    data = os.pread(fd, os.fstat(fd).st_size - bad, bad)
-    mv = memoryview(data)
-    for j in range(1, len(data) - HEADER_SIZE + 1):
-        if data[j + 8] != RECORD_VERSION:
-            continue
-        length, crc = struct.unpack_from(_LEN_CRC, data, j)
-        if not HEADER_SIZE <= length <= MAX_RECORD or j + length > len(data):
-            continue
-        if zlib.crc32(mv[j + 8:j + length]) != crc:
-            continue
-        starts, _h, _e, wrong = _record_bounds(bytes(mv[j:j + length]), verify)
-        if len(starts) and not wrong:
-            return bad + j
-    return None
+    return all(b <= base for b in list_segments(Path(directory)))
 
 
 def _ragged(raw: np.ndarray, starts: np.ndarray, lens: np.ndarray, typ: pa.DataType,

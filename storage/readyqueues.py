@@ -1,0 +1,221 @@
+"""Every topic's ready queue, with a bounded number of them open at once.
+
+A daemon may serve thousands of topics; one open file per topic, forever, runs it out of
+descriptors (and a restart under the same limit then fails the same way). So queues are opened
+on demand and closed again by an LRU bound (`max_open`, the `ready_queue_open_files` setting),
+and what the rest of the broker asks most — where a queue starts and ends — is answered from
+memory without opening anything. Startup lists the directories and reads each queue's last
+segment header and size (one short-lived descriptor at a time).
+
+A topic that was never released to has no queue: reading it answers nothing and creates
+nothing (a pull on an unknown topic leaves no file or directory behind); only a release
+creates a queue.
+
+A queue closed while it holds unsynced writes is remembered by path, and the next checkpoint
+fsyncs those files by opening them again (fsync flushes a file's dirty pages whichever
+descriptor asks).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from delayd.storage.readyqueue import READY_FORMAT, UNIT_SIZE, ReadyQueue, ReadyUnit
+from delayd.storage.segments import list_segments, open_fd, read_header, segment_name
+
+DEFAULT_MAX_OPEN = 256
+NO_LOW = 1 << 62  # an empty queue pins nothing
+
+
+@dataclass(slots=True)
+class QueueView:
+    """One topic's queue as the consumer groups see it: bounds and reads, opening the files
+    only to read (and never creating them)."""
+    queues: ReadyQueues
+    topic: str
+
+    @property
+    def start(self) -> int:
+        return self.queues.start(self.topic)
+
+    @property
+    def end(self) -> int:
+        return self.queues.end(self.topic)
+
+    def read(self, first: int, count: int) -> list[ReadyUnit]:
+        return self.queues.read(self.topic, first, count)
+
+
+class ReadyQueues:
+    def __init__(self, directory: Path, segment_units: int, max_open: int = DEFAULT_MAX_OPEN) -> None:
+        self.directory = Path(directory)
+        self.segment_units = segment_units
+        self.max_open = max(1, max_open)
+        self._open: collections.OrderedDict[str, ReadyQueue] = collections.OrderedDict()
+        self._bounds: dict[str, tuple[int, int]] = {}  # topic -> (start, end) unit indexes
+        self._low: dict[str, int] = {}  # topic -> lowest commit offset its units point at (when known)
+        self._unsynced: set[Path] = set()  # segment files of closed queues written since the last fsync
+        try:
+            names = sorted(os.listdir(self.directory))
+        except FileNotFoundError:
+            names = []
+        for topic in names:
+            bases = list_segments(self.directory / topic)
+            if bases:
+                last = bases[-1]
+                _hdr, data = read_header(READY_FORMAT, self.directory / topic / segment_name(last), last)
+                self._bounds[topic] = (bases[0] // UNIT_SIZE, (last + data) // UNIT_SIZE)
+
+    # -- bounds (no files opened) ---------------------------------------------------------------
+    def topics(self) -> list[str]:
+        return sorted(self._bounds)
+
+    def __contains__(self, topic: str) -> bool:
+        return topic in self._bounds
+
+    def start(self, topic: str) -> int:
+        return self._bounds.get(topic, (0, 0))[0]
+
+    def end(self, topic: str) -> int:
+        return self._bounds.get(topic, (0, 0))[1]
+
+    def ends(self) -> dict[str, int]:
+        return {t: e for t, (_s, e) in self._bounds.items()}
+
+    def view(self, topic: str) -> QueueView:
+        return QueueView(self, topic)
+
+    def single_segment(self, topic: str) -> bool:
+        """Whether the topic's queue is one segment (so retention has nothing to delete there).
+        From the bounds alone: segments fill to `segment_units` before the next one starts."""
+        start, end = self._bounds.get(topic, (0, 0))
+        return end <= start or (end - 1) // self.segment_units == start // self.segment_units
+
+    def low(self, topic: str) -> int:
+        """The lowest commit-log offset the topic's units point at (what pins the commit log);
+        learnt once from the files, then kept up to date by appends."""
+        low = self._low.get(topic)
+        if low is None:
+            q = self._queue(topic)
+            low = min([lo for _f, _e, lo, _r in q.segments()] + [NO_LOW]) if q is not None else NO_LOW
+            self._low[topic] = low
+        return low
+
+    # -- the LRU of open queues -----------------------------------------------------------------
+    def _queue(self, topic: str, create: bool = False) -> ReadyQueue | None:
+        q = self._open.get(topic)
+        if q is not None:
+            self._open.move_to_end(topic)
+            return q
+        if topic not in self._bounds and not create:
+            return None
+        while len(self._open) >= self.max_open:
+            self._close_oldest()
+        q = ReadyQueue(self.directory / topic, self.segment_units)
+        self._open[topic] = q
+        self._bounds[topic] = (q.start, q.end)
+        return q
+
+    def _close_oldest(self) -> None:
+        _topic, q = self._open.popitem(last=False)
+        if q.files.has_dirty():
+            self._unsynced.update(q.files.dirty_paths())
+        q.files.close(sync=False)
+
+    # -- reading --------------------------------------------------------------------------------
+    def read(self, topic: str, first: int, count: int) -> list[ReadyUnit]:
+        """Up to `count` units from index `first` (nothing for a topic without a queue)."""
+        lo, hi = self._bounds.get(topic, (0, 0))
+        if max(first, lo) >= hi or count <= 0:
+            return []
+        q = self._queue(topic)
+        return q.read(first, count) if q is not None else []
+
+    def scan(self, topic: str, first: int) -> Iterator[ReadyUnit]:
+        idx = first
+        while True:
+            batch = self.read(topic, idx, 8192)
+            if not batch:
+                return
+            yield from batch
+            idx = batch[-1].index + 1
+
+    def segments(self, topic: str) -> list[tuple[int, int, int, int]]:
+        q = self._queue(topic)
+        return q.segments() if q is not None else []
+
+    # -- writing --------------------------------------------------------------------------------
+    def append(self, topic: str, units: list[tuple[int, int, int, int, int, int]]) -> int:
+        """Append units to `topic`'s queue (created on the first release); the first's index."""
+        q = self._queue(topic, create=True)
+        assert q is not None
+        try:
+            first = q.append(units)
+        finally:
+            self._bounds[topic] = (q.start, q.end)
+        if topic in self._low:
+            self._low[topic] = min(self._low[topic], min(u[0] for u in units))
+        return first
+
+    def delete_before(self, topic: str, index: int) -> list[int]:
+        q = self._queue(topic)
+        if q is None:
+            return []
+        gone = q.delete_before(index)
+        self._bounds[topic] = (q.start, q.end)
+        if gone:
+            self._low.pop(topic, None)  # learnt again from what is left
+        self._unsynced -= {q.files.directory / segment_name(b) for b in gone}
+        return gone
+
+    # -- durability -----------------------------------------------------------------------------
+    def dirty_handles(self) -> list[int]:
+        """Duplicated fds of the open queues' segments written since the last call."""
+        fds: list[int] = []
+        for q in self._open.values():
+            fds += q.files.dirty_handles()
+        return fds
+
+    def take_unsynced(self) -> list[Path]:
+        """Files of closed queues that still need an fsync (see `fsync_paths`)."""
+        paths, self._unsynced = sorted(self._unsynced), set()
+        return paths
+
+    def unsynced_again(self, paths: list[Path]) -> None:
+        """The fsync of `take_unsynced`'s files failed: they are due next time."""
+        self._unsynced.update(paths)
+
+    def mark_all_dirty(self) -> None:
+        for q in self._open.values():
+            q.files.mark_all_dirty()
+
+    def disk_bytes(self) -> int:
+        """Bytes of units held (headers not counted): from memory, no file is opened."""
+        return sum(e - s for s, e in self._bounds.values()) * UNIT_SIZE
+
+    @property
+    def open_count(self) -> int:
+        return len(self._open)
+
+    def close(self) -> None:
+        while self._open:
+            _topic, q = self._open.popitem(last=False)
+            q.close()
+
+
+def fsync_paths(paths: list[Path]) -> None:
+    """fsync files by path, one descriptor at a time (a worker thread may run it). A file that
+    is gone (retention) needs nothing."""
+    for p in paths:
+        try:
+            fd = open_fd(p, os.O_RDONLY)
+        except FileNotFoundError:
+            continue
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
