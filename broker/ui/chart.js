@@ -89,7 +89,11 @@ export class Histogram {
 
   async refresh() {
     const n = this.buckets_wanted();
-    const step = Math.max(1, Math.ceil(this.span / n));
+    // /v1/schedule counts whole timer slots (1 s by default) in the bucket their start falls in:
+    // buckets of whole seconds start on slot boundaries, so a bar holds exactly what a listing of
+    // its range shows.
+    const raw = Math.max(1, Math.ceil(this.span / n));
+    const step = raw >= 1000 ? Math.ceil(raw / 1000) * 1000 : raw;
     const from = Math.floor(this.from / step) * step;
     const to = from + n * step;
     const generation = ++this.generation;
