@@ -1464,6 +1464,335 @@ static PyObject *seq_runs(PyObject *self, PyObject *args) {
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* pull: the answer to a pull, encoded once, from ready units and their records                */
+
+#define PROW 56  /* PullRow: the 40-byte ready unit, index u64, attempt u32, token u32 */
+
+/* Strict UTF-8 (what bytes.decode() accepts): no overlongs, no surrogates, nothing past U+10FFFF. */
+static int utf8_ok(const uint8_t *s, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        uint8_t c = s[i];
+        if (c < 0x80) { i++; continue; }
+        size_t len;
+        uint32_t cp;
+        if (c >= 0xC2 && c <= 0xDF) { len = 2; cp = c & 0x1F; }
+        else if (c >= 0xE0 && c <= 0xEF) { len = 3; cp = c & 0x0F; }
+        else if (c >= 0xF0 && c <= 0xF4) { len = 4; cp = c & 0x07; }
+        else return 0;
+        if (n - i < len) return 0;
+        for (size_t k = 1; k < len; k++) {
+            if ((s[i + k] & 0xC0) != 0x80) return 0;
+            cp = (cp << 6) | (s[i + k] & 0x3F);
+        }
+        if ((len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)) || (cp >= 0xD800 && cp <= 0xDFFF))
+            return 0;
+        i += len;
+    }
+    return 1;
+}
+
+/* A msgpack str at s[*at:n] in its shortest form (what msgpack.packb writes): its length, the
+ * payload checked as UTF-8, *at moved past it; -1 when it is not one. */
+static int64_t mp_read_str(const uint8_t *s, size_t n, size_t *at, size_t *len) {
+    if (*at >= n) return -1;
+    uint8_t t = s[*at];
+    size_t hdr, l;
+    if ((t & 0xE0) == 0xA0) { hdr = 1; l = t & 0x1F; }
+    else if (t == 0xd9) { if (n - *at < 2) return -1; hdr = 2; l = s[*at + 1]; if (l < 32) return -1; }
+    else if (t == 0xda) { if (n - *at < 3) return -1; hdr = 3; l = ((size_t)s[*at + 1] << 8) | s[*at + 2]; if (l < 256) return -1; }
+    else return -1;  /* str32 would be over the headers' 64 KiB */
+    if (n - *at - hdr < l) return -1;
+    if (!utf8_ok(s + *at + hdr, l)) return -1;
+    size_t start = *at + hdr;
+    *at = start + l;
+    *len = l;
+    return (int64_t)start;
+}
+
+#define MAX_HEADERS_ON_FILE 64
+
+/* Whether s[0:n] is exactly the msgpack.packb of a dict of str to str with at most 64 entries and
+ * no key twice (the headers of a record, as produce wrote them): what is copied into a pull's
+ * answer must be what decoding and encoding them again would give. */
+static int headers_ok(const uint8_t *s, size_t n) {
+    if (n == 0) return 0;
+    size_t at = 1, count;
+    uint8_t t = s[0];
+    if ((t & 0xF0) == 0x80) count = t & 0x0F;
+    else if (t == 0xde) { if (n < 3) return 0; count = ((size_t)s[1] << 8) | s[2]; at = 3; if (count < 16) return 0; }
+    else return 0;
+    if (count > MAX_HEADERS_ON_FILE) return 0;
+    size_t kstart[MAX_HEADERS_ON_FILE], klen[MAX_HEADERS_ON_FILE];
+    for (size_t k = 0; k < count; k++) {
+        size_t l, vl;
+        int64_t ks = mp_read_str(s, n, &at, &l);
+        if (ks < 0 || mp_read_str(s, n, &at, &vl) < 0) return 0;
+        for (size_t j = 0; j < k; j++)
+            if (klen[j] == l && memcmp(s + kstart[j], s + ks, l) == 0) return 0;
+        kstart[k] = (size_t)ks;
+        klen[k] = l;
+    }
+    return at == n;
+}
+
+static uint8_t *mp_uint_or_int(uint8_t *p, int64_t v) {
+    if (v >= 0) {
+        uint64_t u = (uint64_t)v;
+        if (u < 0x80) *p++ = (uint8_t)u;
+        else if (u <= 0xFF) { *p++ = 0xcc; *p++ = (uint8_t)u; }
+        else if (u <= 0xFFFF) { *p++ = 0xcd; *p++ = (uint8_t)(u >> 8); *p++ = (uint8_t)u; }
+        else if (u <= 0xFFFFFFFFu) { *p++ = 0xce; for (int k = 3; k >= 0; k--) *p++ = (uint8_t)(u >> (8 * k)); }
+        else { *p++ = 0xcf; for (int k = 7; k >= 0; k--) *p++ = (uint8_t)(u >> (8 * k)); }
+    } else {
+        if (v >= -32) *p++ = (uint8_t)(int8_t)v;
+        else if (v >= -128) { *p++ = 0xd0; *p++ = (uint8_t)(int8_t)v; }
+        else if (v >= -32768) { *p++ = 0xd1; uint16_t u = (uint16_t)(int16_t)v; *p++ = (uint8_t)(u >> 8); *p++ = (uint8_t)u; }
+        else if (v >= INT32_MIN) { *p++ = 0xd2; uint32_t u = (uint32_t)(int32_t)v; for (int k = 3; k >= 0; k--) *p++ = (uint8_t)(u >> (8 * k)); }
+        else { *p++ = 0xd3; uint64_t u = (uint64_t)v; for (int k = 7; k >= 0; k--) *p++ = (uint8_t)(u >> (8 * k)); }
+    }
+    return p;
+}
+
+static uint8_t *mp_bin(uint8_t *p, const uint8_t *s, size_t n) {
+    if (n < 256) { *p++ = 0xc4; *p++ = (uint8_t)n; }
+    else if (n < 65536) { *p++ = 0xc5; *p++ = (uint8_t)(n >> 8); *p++ = (uint8_t)n; }
+    else { *p++ = 0xc6; for (int k = 3; k >= 0; k--) *p++ = (uint8_t)(n >> (8 * k)); }
+    memcpy(p, s, n);
+    return p + n;
+}
+
+static uint8_t *mp_fixstr(uint8_t *p, const char *s) { return mp_str(p, s, (Py_ssize_t)strlen(s)); }
+
+static size_t hex_of(uint64_t v, char *out) {
+    char tmp[16];
+    size_t n = 0;
+    do { tmp[n++] = "0123456789abcdef"[v & 15]; v >>= 4; } while (v);
+    for (size_t k = 0; k < n; k++) out[k] = tmp[n - 1 - k];
+    return n;
+}
+
+/* encode_pull(rows, prefix, tokens, reads) -> (answer, problems)
+ * The msgpack answer of a pull, {"messages": [...]}, exactly as msgpack.packb would encode the
+ * API's message objects (id, receipt, topic, key, tag, headers, body, deliver_at, delivered_at,
+ * attempt), built from PullRows and their records in `reads` ((commit-log offset, bytes) sorted
+ * by offset) without a Python object per message: headers are copied as stored (checked to be
+ * a map of str to str), the body as bin. A record that is not in `reads` or does not check out
+ * (CRC, version, UTF-8 of topic/tag/key, headers) is left out and named in `problems` as
+ * (row index, outcome) — 0 not read, 1 torn, 2 corrupt, 3 version. */
+static PyObject *encode_pull(PyObject *self, PyObject *args) {
+    PyObject *rows_o, *prefix_o, *tokens_o, *reads_o;
+    if (!PyArg_ParseTuple(args, "OO!O!O!", &rows_o, &PyBytes_Type, &prefix_o, &PyList_Type, &tokens_o, &PyList_Type, &reads_o))
+        return NULL;
+    Buf rb;
+    if (buf_get(rows_o, &rb, 0, "rows") < 0) return NULL;
+    Py_ssize_t nreads = PyList_GET_SIZE(reads_o), held = 0, ntok = PyList_GET_SIZE(tokens_o);
+    Read *reads = PyMem_Calloc(nreads ? (size_t)nreads : 1, sizeof(Read));
+    const char **tok = PyMem_Calloc(ntok ? (size_t)ntok : 1, sizeof(char *));
+    Py_ssize_t *toklen = PyMem_Calloc(ntok ? (size_t)ntok : 1, sizeof(Py_ssize_t));
+    Out o = {0};
+    PyObject *problems = NULL, *res = NULL;
+    if (!reads || !tok || !toklen) { PyErr_NoMemory(); goto done; }
+    for (Py_ssize_t k = 0; k < ntok; k++) {
+        PyObject *t = PyList_GET_ITEM(tokens_o, k);
+        if (!PyUnicode_Check(t) || !(tok[k] = PyUnicode_AsUTF8AndSize(t, &toklen[k]))) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_TypeError, "tokens must be str");
+            goto done;
+        }
+    }
+    for (; held < nreads; held++) {
+        PyObject *t = PyList_GET_ITEM(reads_o, held);
+        PyObject *data;
+        long long start;
+        if (!PyArg_ParseTuple(t, "LO", &start, &data)) goto done;
+        reads[held].start = start;
+        if (buf_get(data, &reads[held].b, 0, "read") < 0) goto done;
+    }
+    if (rb.view.len % PROW) { PyErr_SetString(PyExc_ValueError, "rows"); goto done; }
+    problems = PyList_New(0);
+    if (!problems) goto done;
+    const char *prefix = PyBytes_AS_STRING(prefix_o);
+    size_t plen = (size_t)PyBytes_GET_SIZE(prefix_o);
+    Py_ssize_t n = rb.view.len / PROW, kept = 0;
+    if (out_reserve(&o, 16) < 0) goto done;
+    o.n = 16;  /* room for the map and array headers, written last */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const uint8_t *row = (const uint8_t *)rb.view.buf + i * PROW;
+        int64_t off = rdi64(row);
+        uint32_t size = rd32(row + 8);
+        uint32_t token = rd32(row + 52);
+        if (token >= (uint64_t)ntok) { PyErr_SetString(PyExc_IndexError, "token"); goto done; }
+        Read *rd = find_read(reads, nreads, off, size < RECORD_HEADER ? RECORD_HEADER : size);
+        int outcome = 0;
+        uint32_t len = 0;
+        const uint8_t *r = NULL;
+        if (rd) {
+            size_t at = (size_t)(off - rd->start);
+            r = (const uint8_t *)rd->b.view.buf + at;
+            outcome = check_record(rd->b.view.buf, (size_t)rd->b.view.len, at, 1, &len);
+        }
+        const uint8_t *topic = NULL, *tag = NULL, *key = NULL, *hdr = NULL, *body = NULL;
+        size_t tl = 0, gl = 0, kl = 0, hl = 0, bl = 0;
+        if (r && !outcome) {
+            tl = r[38]; gl = r[39]; kl = rd16(r + 40); hl = rd16(r + 42); bl = rd32(r + 44);
+            topic = r + RECORD_HEADER; tag = topic + tl; key = tag + gl; hdr = key + kl; body = hdr + hl;
+            if (!utf8_ok(topic, tl) || !utf8_ok(tag, gl) || !utf8_ok(key, kl) || (hl && !headers_ok(hdr, hl)))
+                outcome = SCAN_CORRUPT;
+        }
+        if (!r || outcome) {
+            PyObject *pr = Py_BuildValue("(ni)", i, r ? outcome : 0);
+            if (!pr || PyList_Append(problems, pr) < 0) { Py_XDECREF(pr); goto done; }
+            Py_DECREF(pr);
+            continue;
+        }
+        char hexseq[16], hexidx[16];
+        size_t sl = hex_of(rd64(row + 32), hexseq), il = hex_of(rd64(row + 40), hexidx);
+        size_t idl = plen + sl, rcl = idl + 1 + il + 1 + (size_t)toklen[token];
+        size_t need = 1 + 8 * 10 + 5 + idl + 5 + rcl + 5 + tl + 5 + gl + 5 + kl + 1 + hl + 5 + bl + 3 * 9;
+        uint8_t *p = out_take(&o, need);
+        if (!p) goto done;
+        uint8_t *q = p;
+        *q++ = 0x8a;  /* a map of 10 */
+        q = mp_fixstr(q, "id");
+        char *idbuf = PyMem_Malloc(rcl);
+        if (!idbuf) { PyErr_NoMemory(); goto done; }
+        memcpy(idbuf, prefix, plen);
+        memcpy(idbuf + plen, hexseq, sl);
+        q = mp_str(q, idbuf, (Py_ssize_t)idl);
+        idbuf[idl] = '.';
+        memcpy(idbuf + idl + 1, hexidx, il);
+        idbuf[idl + 1 + il] = '.';
+        memcpy(idbuf + idl + 2 + il, tok[token], (size_t)toklen[token]);
+        q = mp_fixstr(q, "receipt");
+        q = mp_str(q, idbuf, (Py_ssize_t)rcl);
+        PyMem_Free(idbuf);
+        q = mp_fixstr(q, "topic");
+        q = mp_str(q, (const char *)topic, (Py_ssize_t)tl);
+        q = mp_fixstr(q, "key");
+        if (kl) q = mp_str(q, (const char *)key, (Py_ssize_t)kl); else *q++ = 0xc0;
+        q = mp_fixstr(q, "tag");
+        if (gl) q = mp_str(q, (const char *)tag, (Py_ssize_t)gl); else *q++ = 0xc0;
+        q = mp_fixstr(q, "headers");
+        if (hl) { memcpy(q, hdr, hl); q += hl; } else *q++ = 0x80;
+        q = mp_fixstr(q, "body");
+        q = mp_bin(q, body, bl);
+        q = mp_fixstr(q, "deliver_at");
+        q = mp_uint_or_int(q, rdi64(r + 20));
+        q = mp_fixstr(q, "delivered_at");
+        q = mp_uint_or_int(q, rdi64(row + 24));
+        q = mp_fixstr(q, "attempt");
+        q = mp_uint_or_int(q, rd32(row + 48));
+        o.n -= need - (size_t)(q - p);
+        kept++;
+    }
+    /* {"messages": [ ... ]}: the headers go right before the first message */
+    uint8_t head[16], *h = head;
+    *h++ = 0x81;
+    h = mp_fixstr(h, "messages");
+    if (kept < 16) *h++ = (uint8_t)(0x90 | kept);
+    else if (kept < 65536) { *h++ = 0xdc; *h++ = (uint8_t)(kept >> 8); *h++ = (uint8_t)kept; }
+    else { *h++ = 0xdd; for (int k = 3; k >= 0; k--) *h++ = (uint8_t)((uint64_t)kept >> (8 * k)); }
+    size_t hn = (size_t)(h - head);
+    memcpy(o.p + 16 - hn, head, hn);
+    PyObject *body_o = PyBytes_FromStringAndSize((const char *)o.p + 16 - hn, (Py_ssize_t)(o.n - 16 + hn));
+    if (!body_o) goto done;
+    res = Py_BuildValue("(NO)", body_o, problems);
+done:
+    for (Py_ssize_t j = 0; j < held; j++) buf_release(&reads[j].b);
+    PyMem_Free(reads);
+    PyMem_Free(tok);
+    PyMem_Free(toklen);
+    out_free(&o);
+    Py_XDECREF(problems);
+    buf_release(&rb);
+    return res;
+}
+
+/* parse_receipts(receipts) -> (indexes, token_ids, tokens)
+ * Receipts are `{id}.{index hex}.{token}`. For each: its ready-queue index (u64) and the number of
+ * its token in `tokens` (the distinct tokens, u32); a receipt not in that canonical form (lowercase
+ * hex, no sign, no leading zeros, a token without '.') gets token id 0xFFFFFFFF and the caller's
+ * reference parser (Groups.parse_receipt) decides it. */
+static PyObject *parse_receipts(PyObject *self, PyObject *args) {
+    PyObject *list;
+    if (!PyArg_ParseTuple(args, "O!", &PyList_Type, &list)) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(list);
+    PyObject *idx = PyBytes_FromStringAndSize(NULL, n * 8), *tid = PyBytes_FromStringAndSize(NULL, n * 4);
+    PyObject *tokens = PyList_New(0), *seen = PyDict_New(), *res = NULL;
+    if (!idx || !tid || !tokens || !seen) goto done;
+    uint8_t *ip = (uint8_t *)PyBytes_AS_STRING(idx), *tp = (uint8_t *)PyBytes_AS_STRING(tid);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *r = PyList_GET_ITEM(list, i);
+        wr64(ip + 8 * i, 0);
+        wr32(tp + 4 * i, 0xFFFFFFFFu);
+        if (!PyUnicode_CheckExact(r)) continue;
+        Py_ssize_t len;
+        const char *s = PyUnicode_AsUTF8AndSize(r, &len);
+        if (!s) { PyErr_Clear(); continue; }
+        Py_ssize_t d2 = -1, d1 = -1;
+        for (Py_ssize_t k = len - 1; k >= 0; k--) {
+            if (s[k] == '.') { if (d2 < 0) d2 = k; else { d1 = k; break; } }
+        }
+        if (d1 < 0) continue;
+        Py_ssize_t hl = d2 - d1 - 1;
+        if (hl < 1 || hl > 16 || (hl > 1 && s[d1 + 1] == '0')) continue;
+        uint64_t v = 0;
+        int ok = 1;
+        for (Py_ssize_t k = d1 + 1; k < d2; k++) {
+            char ch = s[k];
+            int dv = ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : -1;
+            if (dv < 0) { ok = 0; break; }
+            v = (v << 4) | (uint64_t)dv;
+        }
+        if (!ok) continue;
+        PyObject *token = PyUnicode_FromStringAndSize(s + d2 + 1, len - d2 - 1);
+        if (!token) goto done;
+        PyObject *known = PyDict_GetItemWithError(seen, token);
+        Py_ssize_t k;
+        if (known) {
+            k = PyLong_AsSsize_t(known);
+        } else {
+            if (PyErr_Occurred()) { Py_DECREF(token); goto done; }
+            k = PyList_GET_SIZE(tokens);
+            PyObject *kk = PyLong_FromSsize_t(k);
+            if (!kk || PyDict_SetItem(seen, token, kk) < 0 || PyList_Append(tokens, token) < 0) {
+                Py_XDECREF(kk); Py_DECREF(token); goto done;
+            }
+            Py_DECREF(kk);
+        }
+        Py_DECREF(token);
+        wr64(ip + 8 * i, v);
+        wr32(tp + 4 * i, (uint32_t)k);
+    }
+    res = PyTuple_Pack(3, idx, tid, tokens);
+done:
+    Py_XDECREF(idx);
+    Py_XDECREF(tid);
+    Py_XDECREF(tokens);
+    Py_XDECREF(seen);
+    return res;
+}
+
+/* lateness(dues, now_ms) -> bytes: now_ms - deliver_at of every DueRow (i64 each). */
+static PyObject *lateness(PyObject *self, PyObject *args) {
+    PyObject *o;
+    long long now;
+    if (!PyArg_ParseTuple(args, "OL", &o, &now)) return NULL;
+    Buf b;
+    if (buf_get(o, &b, 0, "dues") < 0) return NULL;
+    if (b.view.len % DROW) { buf_release(&b); PyErr_SetString(PyExc_ValueError, "dues"); return NULL; }
+    Py_ssize_t n = b.view.len / DROW;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n * 8);
+    if (out) {
+        uint8_t *p = (uint8_t *)PyBytes_AS_STRING(out);
+        for (Py_ssize_t i = 0; i < n; i++) wri64(p + 8 * i, now - rdi64((const uint8_t *)b.view.buf + i * DROW));
+    }
+    buf_release(&b);
+    return out;
+}
+
+/* ------------------------------------------------------------------------------------------ */
 
 static PyMethodDef methods[] = {
     {"crc32", py_crc32, METH_VARARGS, "zlib.crc32"},
@@ -1477,6 +1806,9 @@ static PyMethodDef methods[] = {
     {"release_rows", release_rows, METH_VARARGS, "dequeue-put: ready units per topic"},
     {"set_states", set_states, METH_VARARGS, "set message-table states"},
     {"seq_runs", seq_runs, METH_VARARGS, "runs of seqs for batched message-table reads"},
+    {"encode_pull", encode_pull, METH_VARARGS, "the msgpack answer of a pull"},
+    {"parse_receipts", parse_receipts, METH_VARARGS, "indexes and tokens of receipts"},
+    {"lateness", lateness, METH_VARARGS, "now - deliver_at of DueRows"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1496,7 +1828,7 @@ PyMODINIT_FUNC PyInit__batch(void) {
     if (PyModule_AddObject(m, "Walker", (PyObject *)&WalkerType) < 0 ||
         PyModule_AddObject(m, "DueHeap", (PyObject *)&DueHeapType) < 0 ||
         PyModule_AddIntConstant(m, "MROW", MROW) < 0 || PyModule_AddIntConstant(m, "DROW", DROW) < 0 ||
-        PyModule_AddIntConstant(m, "UROW", UROW) < 0 || PyModule_AddIntConstant(m, "RECORD_HEADER", RECORD_HEADER) < 0 ||
+        PyModule_AddIntConstant(m, "UROW", UROW) < 0 || PyModule_AddIntConstant(m, "PROW", PROW) < 0 || PyModule_AddIntConstant(m, "RECORD_HEADER", RECORD_HEADER) < 0 ||
         PyModule_AddIntConstant(m, "UNIT_SIZE", UNIT_SIZE) < 0 || PyModule_AddIntConstant(m, "ENTRY_SIZE", ENTRY_SIZE) < 0 ||
         PyModule_AddIntConstant(m, "READY_UNIT", READY_UNIT) < 0 || PyModule_AddIntConstant(m, "RECORD_VERSION", RECORD_VERSION) < 0) {
         Py_DECREF(m);

@@ -600,6 +600,98 @@ def set_states(seqs: bytes, spans: Sequence[SpanLike], state: int) -> int:
     return missing
 
 
+# ------------------------------------------------------------------------------------ pull
+PULL = struct.Struct("<qIIqqQQII")  # the 40-byte ready unit, then index, attempt, token
+PROW = PULL.size
+assert PROW == 56
+MAX_HEADERS_ON_FILE = 64
+
+
+def encode_pull(rows: bytes, prefix: bytes, tokens: list[str], reads: list[tuple[int, bytes]]
+                ) -> tuple[bytes, list[tuple[int, int]]]:
+    """The msgpack answer of a pull, ``{"messages": [...]}``, from PullRows (a 40-byte ready unit,
+    then its index u64, attempt u32 and the number of its lease token in `tokens` u32) and their
+    records in `reads` ((commit-log offset, bytes) sorted by offset): per message the API's
+    object — id (prefix + seq in hex), receipt (id.index-hex.token), topic, key, tag, headers,
+    body, deliver_at (the record's), delivered_at (the unit's release time), attempt. A record
+    not in `reads`, or one that does not check out (CRC, version, UTF-8 of topic/tag/key, headers
+    that are not exactly msgpack.packb of a str→str dict of at most 64 entries) is left out and
+    named in `problems` as (row index, outcome): 0 not read, SCAN_TORN, SCAN_CORRUPT, SCAN_VERSION."""
+    _need(len(rows) % PROW == 0, "rows")
+    starts = [s for s, _ in reads]
+    out: list[dict[str, Any]] = []
+    problems = []
+    for i in range(len(rows) // PROW):
+        off, size, _tgh, _d, released_at, seq, index, attempt, token = PULL.unpack_from(rows, i * PROW)
+        if token >= len(tokens):
+            raise IndexError("token")
+        j = _bisect_right(starts, off) - 1
+        if j < 0 or off < reads[j][0] or off + max(size, RECORD.size) > reads[j][0] + len(reads[j][1]):
+            problems.append((i, 0))
+            continue
+        buf, at = reads[j][1], off - reads[j][0]
+        c, _length = check_record(buf, at, True)
+        if c != SCAN_OK:
+            problems.append((i, c))
+            continue
+        (_l, _c, _v, _t, _f, _seq, deliver_at, _pa, _r, tl, gl, kl, hl, bl) = RECORD.unpack_from(buf, at)
+        p = at + RECORD.size
+        raw = bytes(buf[p:p + tl + gl + kl + hl + bl])
+        try:
+            topic = raw[:tl].decode()
+            tag = raw[tl:tl + gl].decode() or None
+            key = raw[tl + gl:tl + gl + kl].decode() or None
+        except UnicodeDecodeError:
+            problems.append((i, SCAN_CORRUPT))
+            continue
+        hraw = raw[tl + gl + kl:tl + gl + kl + hl]
+        headers: dict[str, str] = {}
+        if hl:
+            try:
+                headers = msgpack.unpackb(hraw)
+            except (ValueError, TypeError, msgpack.UnpackException):
+                headers = None  # type: ignore[assignment]
+            if not isinstance(headers, dict) or len(headers) > MAX_HEADERS_ON_FILE or msgpack.packb(headers) != hraw \
+                    or not all(type(k) is str and type(v) is str for k, v in headers.items()):
+                problems.append((i, SCAN_CORRUPT))
+                continue
+        mid = prefix.decode() + format(seq, "x")
+        out.append({"id": mid, "receipt": f"{mid}.{index:x}.{tokens[token]}", "topic": topic, "key": key,
+                    "tag": tag, "headers": headers, "body": raw[tl + gl + kl + hl:], "deliver_at": deliver_at,
+                    "delivered_at": released_at, "attempt": attempt})
+    return msgpack.packb({"messages": out}, use_bin_type=True), problems
+
+
+def parse_receipts(receipts: list[Any]) -> tuple[bytes, bytes, list[str]]:
+    """(indexes u64, token ids u32, distinct tokens) of receipts `{id}.{index hex}.{token}`. A
+    receipt not in canonical form (lowercase hex without sign or leading zeros, up to 16 digits)
+    gets token id 0xFFFFFFFF: the caller's reference parser decides it."""
+    idx, tid, tokens = [], [], []
+    seen: dict[str, int] = {}
+    for r in receipts:
+        parts = r.rsplit(".", 2) if type(r) is str else []
+        h = parts[1] if len(parts) == 3 else ""
+        if not (1 <= len(h) <= 16 and all(ch in "0123456789abcdef" for ch in h) and (len(h) == 1 or h[0] != "0")) \
+                or _utf8(r) is None:
+            idx.append(0)
+            tid.append(0xFFFFFFFF)
+            continue
+        k = seen.get(parts[2])
+        if k is None:
+            k = seen[parts[2]] = len(tokens)
+            tokens.append(parts[2])
+        idx.append(int(h, 16))
+        tid.append(k)
+    return struct.pack(f"<{len(idx)}Q", *idx), struct.pack(f"<{len(tid)}I", *tid), tokens
+
+
+def lateness(rows: bytes, now_ms: int) -> bytes:
+    """now_ms - deliver_at of every DueRow, i64 each."""
+    _need(len(rows) % DROW == 0, "dues")
+    return struct.pack(f"<{len(rows) // DROW}q", *(now_ms - DUE.unpack_from(rows, k * DROW)[0]
+                                                   for k in range(len(rows) // DROW)))
+
+
 # ------------------------------------------------------------------------------------ helpers
 def crc32(data: bytes | memoryview, value: int = 0) -> int:
     return zlib.crc32(data, value)
@@ -632,7 +724,7 @@ def _load() -> ModuleType:
     except ImportError as e:  # pragma: no cover - the build compiles it; say so if it did not
         log.warning("compiled batch core unavailable (%s); using the Python reference", e)
         return sys.modules[__name__]
-    assert (_batch.MROW, _batch.DROW, _batch.UROW) == (MROW, DROW, UROW)
+    assert (_batch.MROW, _batch.DROW, _batch.UROW, _batch.PROW) == (MROW, DROW, UROW, PROW)
     assert (_batch.RECORD_HEADER, _batch.UNIT_SIZE, _batch.ENTRY_SIZE, _batch.READY_UNIT, _batch.RECORD_VERSION) == \
         (RECORD.size, UNIT_SIZE, ENTRY.size, READY.size, RECORD_VERSION)
     return _batch

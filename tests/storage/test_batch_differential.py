@@ -436,3 +436,69 @@ def test_garbage_is_an_error_or_a_result_never_a_crash(junk: bytes, n: int, k: i
 def test_record_types_match() -> None:
     assert [int(t) for t in RecordType] == [1, 2, 3, 4]
     assert msgpack.packb({"a": "b"}) == b"\x81\xa1a\xa1b"
+
+
+# ---------------------------------------------------------------------------------- pull
+@st.composite
+def pull_case(draw: Any) -> dict[str, Any]:
+    recs = encoded_records(draw, draw(st.integers(0, 6)), first_seq=draw(st.integers(1, 2**40)))
+    if draw(st.integers(0, 3)) == 0:  # a record with headers, some of them long
+        items = [{"body": draw(st.binary(max_size=300)), "headers": draw(st.dictionaries(
+            st.text(max_size=40), st.text(max_size=300), max_size=20))}]
+        r, _sizes, *_ = ref.encode_produce(items, b"t" * draw(st.integers(1, 200)), NOW, 5, LIMITS, None)
+        recs.append(r)
+    start = draw(st.integers(0, 10**6))
+    offsets, buf = [], bytearray()
+    for r in recs:
+        offsets.append(start + len(buf))
+        buf += r
+    if buf and draw(st.integers(0, 4)) == 0:
+        i = draw(st.integers(0, len(buf) - 1))
+        buf[i] ^= 1 << draw(st.integers(0, 7))
+        if draw(st.booleans()):  # damage that keeps the CRC right: only the checks past it see it
+            j = next((k for k, o in enumerate(offsets) if o - start > i), len(offsets)) - 1
+            o = offsets[j] - start
+            struct.pack_into("<I", buf, o + 4, zlib.crc32(buf[o + 8:o + struct.unpack_from("<I", buf, o)[0]]))
+    tokens = draw(st.lists(st.text(max_size=8), min_size=1, max_size=3))
+    rows = []
+    for off, r in zip(offsets, recs, strict=True):
+        seq = struct.unpack_from("<Q", r, 12)[0]
+        rows.append(ref.PULL.pack(off, len(r), 0, 0, draw(st.integers(-5, 2**50)), seq, draw(st.integers(0, 2**40)),
+                                  draw(st.integers(1, 2**32 - 1)), draw(st.integers(0, len(tokens) - 1))))
+    reads = [(start, bytes(buf))] if draw(st.integers(0, 5)) else []
+    return {"rows": b"".join(rows), "prefix": draw(st.sampled_from([b"d-", b"s12-"])), "tokens": tokens,
+            "reads": reads}
+
+
+@SETTINGS
+@given(pull_case())
+def test_encode_pull(case: dict[str, Any]) -> None:
+    got = same(c.encode_pull, ref.encode_pull, case["rows"], case["prefix"], case["tokens"], case["reads"])
+    if got is not None:
+        assert isinstance(msgpack.unpackb(got[0]), dict)
+
+
+receipt = st.one_of(
+    st.builds(lambda node, seq, idx, tok: f"{node}-{seq:x}.{idx:x}.{tok}", st.sampled_from(["d", "s1"]),
+              st.integers(1, 2**64 - 1), st.integers(0, 2**64 - 1), st.text(max_size=6)),
+    st.text(max_size=20), st.sampled_from(["d-1.0x1f.t", "d-1.+1.t", "d-1.01.t", "d-1.F.t", "a.b", "d-1..t",
+                                           "d-1.1.", "d-1.1.\ud800", "x.10000000000000000.t"]),
+    st.integers(), st.none())
+
+
+@SETTINGS
+@given(st.lists(receipt, max_size=8))
+def test_parse_receipts(receipts: list[Any]) -> None:
+    got = same(c.parse_receipts, ref.parse_receipts, receipts)
+    idx, tid, tokens = got
+    for i, r in enumerate(receipts):  # what it decides, it decides as Groups.parse_receipt does
+        if struct.unpack_from("<I", tid, 4 * i)[0] != 0xFFFFFFFF:
+            parts = r.rsplit(".", 2)
+            assert (int(parts[1], 16), parts[2]) == (struct.unpack_from("<Q", idx, 8 * i)[0],
+                                                      tokens[struct.unpack_from("<I", tid, 4 * i)[0]])
+
+
+@SETTINGS
+@given(due_rows, st.integers(-2**40, 2**40))
+def test_lateness(rows: bytes, now: int) -> None:
+    same(c.lateness, ref.lateness, rows, now)
