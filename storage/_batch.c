@@ -15,6 +15,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -1774,6 +1775,151 @@ done:
     return res;
 }
 
+/* take_rows(units, first_index, exclude, wanted, max_n, attempt, token) -> (rows, consumed, skipped)
+ * A consumer group handing out new messages from its cursor (Groups.take): the ready units at
+ * indexes first_index.. in `units` (40 bytes each), skipping those in `exclude` (sorted u64
+ * indexes: acked or leased already) and, when `wanted` (u32 tag hashes) is not None, those whose
+ * tag is not wanted (their indexes come back in `skipped`: they count as consumed by the group);
+ * at most max_n PullRows with the given attempt and token number. `consumed`: units examined,
+ * the cursor's advance. */
+static PyObject *take_rows(PyObject *self, PyObject *args) {
+    PyObject *units_o, *excl_o, *wanted_o;
+    unsigned long long first;
+    Py_ssize_t max_n;
+    unsigned int attempt, token;
+    if (!PyArg_ParseTuple(args, "OKOOnII", &units_o, &first, &excl_o, &wanted_o, &max_n, &attempt, &token)) return NULL;
+    Buf ub = {.held = 0}, eb = {.held = 0}, wb = {.held = 0};
+    Out rows = {0}, skipped = {0};
+    PyObject *res = NULL;
+    if (buf_get(units_o, &ub, 0, "units") < 0 || buf_get(excl_o, &eb, 0, "exclude") < 0) goto done;
+    if (wanted_o != Py_None && buf_get(wanted_o, &wb, 0, "wanted") < 0) goto done;
+    if (ub.view.len % READY_UNIT || eb.view.len % 8 || (wb.held && wb.view.len % 4)) {
+        PyErr_SetString(PyExc_ValueError, "units, exclude or wanted have the wrong size");
+        goto done;
+    }
+    const uint8_t *ex = eb.view.buf;
+    Py_ssize_t nex = eb.view.len / 8, e = 0, nw = wb.held ? wb.view.len / 4 : 0, n = ub.view.len / READY_UNIT, i = 0, made = 0;
+    for (Py_ssize_t k = 1; k < nex; k++)
+        if (rd64(ex + 8 * k) < rd64(ex + 8 * (k - 1))) { PyErr_SetString(PyExc_ValueError, "exclude must be sorted"); goto done; }
+    for (; i < n && made < max_n; i++) {
+        uint64_t index = first + (uint64_t)i;
+        while (e < nex && rd64(ex + 8 * e) < index) e++;
+        if (e < nex && rd64(ex + 8 * e) == index) continue;
+        const uint8_t *u = (const uint8_t *)ub.view.buf + i * READY_UNIT;
+        if (wb.held) {
+            uint32_t th = rd32(u + 12);
+            int hit = 0;
+            for (Py_ssize_t w = 0; w < nw && !hit; w++) hit = rd32((const uint8_t *)wb.view.buf + 4 * w) == th;
+            if (!hit) {
+                uint8_t *sk = out_take(&skipped, 8);
+                if (!sk) goto done;
+                wr64(sk, index);
+                continue;
+            }
+        }
+        uint8_t *r = out_take(&rows, PROW);
+        if (!r) goto done;
+        memcpy(r, u, READY_UNIT);
+        wr64(r + 40, index);
+        wr32(r + 48, attempt);
+        wr32(r + 52, token);
+        made++;
+    }
+    PyObject *rb = out_bytes(&rows), *sb = rb ? out_bytes(&skipped) : NULL;
+    if (!sb) { Py_XDECREF(rb); goto done; }
+    res = Py_BuildValue("(NnN)", rb, i, sb);
+done:
+    buf_release(&ub);
+    buf_release(&eb);
+    buf_release(&wb);
+    out_free(&rows);
+    out_free(&skipped);
+    return res;
+}
+
+/* encode_produced(seqs, deliver_at, duplicate, prefix, as_json) -> bytes
+ * The answer of a produce, {"messages": [{"id", "deliver_at", "duplicate"}, ...]}, as
+ * msgpack.packb or json.dumps(separators=(",", ":")) would write it: ids are prefix + seq in hex
+ * (u64 seqs, i64 due times, u8 duplicate flags). JSON needs an ASCII prefix (None otherwise: the
+ * caller encodes it). */
+static PyObject *encode_produced(PyObject *self, PyObject *args) {
+    PyObject *seq_o, *due_o, *dup_o, *prefix_o;
+    int as_json;
+    if (!PyArg_ParseTuple(args, "OOOO!p", &seq_o, &due_o, &dup_o, &PyBytes_Type, &prefix_o, &as_json)) return NULL;
+    Buf sb = {.held = 0}, db = {.held = 0}, ub = {.held = 0};
+    Out o = {0};
+    PyObject *res = NULL;
+    if (buf_get(seq_o, &sb, 0, "seqs") < 0 || buf_get(due_o, &db, 0, "deliver_at") < 0 || buf_get(dup_o, &ub, 0, "duplicate") < 0)
+        goto done;
+    Py_ssize_t n = sb.view.len / 8;
+    if (sb.view.len % 8 || db.view.len != n * 8 || ub.view.len != n) {
+        PyErr_SetString(PyExc_ValueError, "seqs, deliver_at and duplicate must be of one length");
+        goto done;
+    }
+    const char *prefix = PyBytes_AS_STRING(prefix_o);
+    size_t plen = (size_t)PyBytes_GET_SIZE(prefix_o);
+    if (as_json) {
+        for (size_t k = 0; k < plen; k++)
+            if ((uint8_t)prefix[k] >= 0x80 || prefix[k] == '"' || prefix[k] == '\\' || (uint8_t)prefix[k] < 0x20) {
+                res = Py_None; Py_INCREF(res); goto done;
+            }
+    }
+    uint8_t *p = out_take(&o, 16);
+    if (!p) goto done;
+    if (as_json) {
+        memcpy(p, "{\"messages\":[", 13);
+        o.n = 13;
+    } else {
+        uint8_t *q = p;
+        *q++ = 0x81;
+        q = mp_fixstr(q, "messages");
+        if (n < 16) *q++ = (uint8_t)(0x90 | n);
+        else if (n < 65536) { *q++ = 0xdc; *q++ = (uint8_t)(n >> 8); *q++ = (uint8_t)n; }
+        else { *q++ = 0xdd; for (int k = 3; k >= 0; k--) *q++ = (uint8_t)((uint64_t)n >> (8 * k)); }
+        o.n = (size_t)(q - p);
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        char hex[16];
+        size_t hl = hex_of(rd64((const uint8_t *)sb.view.buf + 8 * i), hex);
+        int64_t due = rdi64((const uint8_t *)db.view.buf + 8 * i);
+        int dup = ((const uint8_t *)ub.view.buf)[i] != 0;
+        uint8_t *q = out_take(&o, 80 + plen + hl);
+        if (!q) goto done;
+        uint8_t *q0 = q;
+        if (as_json) {
+            q += sprintf((char *)q, "%s{\"id\":\"", i ? "," : "");
+            memcpy(q, prefix, plen); q += plen;
+            memcpy(q, hex, hl); q += hl;
+            q += sprintf((char *)q, "\",\"deliver_at\":%lld,\"duplicate\":%s}", (long long)due, dup ? "true" : "false");
+        } else {
+            *q++ = 0x83;
+            q = mp_fixstr(q, "id");
+            char idbuf[64 + 16];
+            if (plen > 64) { PyErr_SetString(PyExc_ValueError, "prefix"); goto done; }
+            memcpy(idbuf, prefix, plen);
+            memcpy(idbuf + plen, hex, hl);
+            q = mp_str(q, idbuf, (Py_ssize_t)(plen + hl));
+            q = mp_fixstr(q, "deliver_at");
+            q = mp_uint_or_int(q, due);
+            q = mp_fixstr(q, "duplicate");
+            *q++ = dup ? 0xc3 : 0xc2;
+        }
+        o.n -= 80 + plen + hl - (size_t)(q - q0);
+    }
+    if (as_json) {
+        uint8_t *q = out_take(&o, 2);
+        if (!q) goto done;
+        q[0] = ']'; q[1] = '}';
+    }
+    res = out_bytes(&o);
+done:
+    buf_release(&sb);
+    buf_release(&db);
+    buf_release(&ub);
+    out_free(&o);
+    return res;
+}
+
 /* lateness(dues, now_ms) -> bytes: now_ms - deliver_at of every DueRow (i64 each). */
 static PyObject *lateness(PyObject *self, PyObject *args) {
     PyObject *o;
@@ -1809,6 +1955,8 @@ static PyMethodDef methods[] = {
     {"encode_pull", encode_pull, METH_VARARGS, "the msgpack answer of a pull"},
     {"parse_receipts", parse_receipts, METH_VARARGS, "indexes and tokens of receipts"},
     {"lateness", lateness, METH_VARARGS, "now - deliver_at of DueRows"},
+    {"take_rows", take_rows, METH_VARARGS, "a group's new messages from its cursor, as PullRows"},
+    {"encode_produced", encode_produced, METH_VARARGS, "the answer of a produce"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -685,6 +685,54 @@ def parse_receipts(receipts: list[Any]) -> tuple[bytes, bytes, list[str]]:
     return struct.pack(f"<{len(idx)}Q", *idx), struct.pack(f"<{len(tid)}I", *tid), tokens
 
 
+def take_rows(units: bytes, first_index: int, exclude: bytes, wanted: bytes | None, max_n: int, attempt: int,
+              token: int) -> tuple[bytes, int, bytes]:
+    """A consumer group handing out new messages from its cursor (Groups.take): the ready units
+    (40 bytes each) at indexes first_index.., skipping those in `exclude` (sorted u64 indexes,
+    acked or leased already) and, when `wanted` (u32 tag hashes) is given, those whose tag is not
+    wanted — their indexes come back in `skipped` (they count as consumed by the group); at most
+    max_n PullRows with `attempt` and `token`. Returns (rows, units examined, skipped)."""
+    _need(len(units) % READY.size == 0 and len(exclude) % 8 == 0 and (wanted is None or len(wanted) % 4 == 0),
+          "units, exclude or wanted have the wrong size")
+    ex = [x for (x,) in struct.iter_unpack("<Q", exclude)]
+    _need(ex == sorted(ex), "exclude must be sorted")
+    exs = set(ex)
+    want = None if wanted is None else {x for (x,) in struct.iter_unpack("<I", wanted)}
+    rows, skipped = [], []
+    i, n = 0, len(units) // READY.size
+    while i < n and len(rows) < max_n:
+        index = first_index + i
+        u = units[i * READY.size:(i + 1) * READY.size]
+        i += 1
+        if index in exs:
+            continue
+        if want is not None and READY.unpack(u)[2] not in want:
+            skipped.append(struct.pack("<Q", index))
+            continue
+        rows.append(u + struct.pack("<QII", index, attempt, token))
+    return b"".join(rows), i, b"".join(skipped)
+
+
+def encode_produced(seqs: bytes, deliver_at: bytes, duplicate: bytes, prefix: bytes, as_json: bool) -> bytes | None:
+    """The answer of a produce, ``{"messages": [{"id", "deliver_at", "duplicate"}, ...]}``, as
+    msgpack.packb or json.dumps(separators=(",", ":")) writes it; ids are prefix + seq in hex.
+    None for JSON with a prefix that is not plain ASCII (the caller encodes that itself)."""
+    n = len(seqs) // 8
+    _need(len(seqs) % 8 == 0 and len(deliver_at) == 8 * n and len(duplicate) == n,
+          "seqs, deliver_at and duplicate must be of one length")
+    if as_json and any(b >= 0x80 or b < 0x20 or b in b'"\\' for b in prefix):
+        return None
+    if not as_json and len(prefix) > 64:
+        raise ValueError("prefix")
+    p = prefix.decode()
+    msgs = [{"id": p + format(s, "x"), "deliver_at": d, "duplicate": bool(u)} for s, d, u in
+            zip(struct.unpack(f"<{n}Q", seqs), struct.unpack(f"<{n}q", deliver_at), duplicate, strict=True)]
+    if as_json:
+        import json
+        return json.dumps({"messages": msgs}, separators=(",", ":")).encode()
+    return msgpack.packb({"messages": msgs}, use_bin_type=True)
+
+
 def lateness(rows: bytes, now_ms: int) -> bytes:
     """now_ms - deliver_at of every DueRow, i64 each."""
     _need(len(rows) % DROW == 0, "dues")

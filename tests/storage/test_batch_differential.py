@@ -502,3 +502,27 @@ def test_parse_receipts(receipts: list[Any]) -> None:
 @given(due_rows, st.integers(-2**40, 2**40))
 def test_lateness(rows: bytes, now: int) -> None:
     same(c.lateness, ref.lateness, rows, now)
+
+
+@SETTINGS
+@given(st.lists(st.tuples(st.integers(0, 2**64 - 1), st.integers(0, 2**32 - 1)), max_size=12), st.integers(0, 2**40),
+       st.lists(st.integers(0, 30), max_size=6), st.none() | st.lists(st.integers(0, 2**32 - 1), max_size=3),
+       st.integers(0, 12), st.data())
+def test_take_rows(units: list[tuple[int, int]], first: int, exclude: list[int], wanted: list[int] | None,
+                   max_n: int, data: Any) -> None:
+    from delayd.storage.readyqueue import UNIT as READY
+    raw = b"".join(READY.pack(off, 10, data.draw(st.sampled_from(wanted or [0]) | st.integers(0, 3)), 5, 6, seq)
+                   for seq, off in units)
+    ex = sorted({first + e for e in exclude})
+    same(c.take_rows, ref.take_rows, raw, first, struct.pack(f"<{len(ex)}Q", *ex),
+         None if wanted is None else struct.pack(f"<{len(wanted)}I", *wanted), max_n, 1, 0)
+
+
+@SETTINGS
+@given(st.lists(st.tuples(st.integers(0, 2**64 - 1), st.integers(-2**63, 2**63 - 1), st.booleans()), max_size=20),
+       st.sampled_from([b"d-", b"s12-", b"\xc3\xa9-", b'"-']), st.booleans())
+def test_encode_produced(items: list[tuple[int, int, bool]], prefix: bytes, as_json: bool) -> None:
+    n = len(items)
+    args = (struct.pack(f"<{n}Q", *(i[0] for i in items)), struct.pack(f"<{n}q", *(i[1] for i in items)),
+            bytes(i[2] for i in items), prefix, as_json)
+    same(c.encode_produced, ref.encode_produced, *args)
