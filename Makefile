@@ -5,13 +5,13 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 DEV_STAMP := $(VENV)/.installed-dev-stamp
 
-.PHONY: install install-dev run test lint typecheck-tree format bench torture clean tools cluster cluster-stop
+.PHONY: install install-dev run test lint typecheck-tree format bench asan torture clean tools cluster cluster-stop
 
 install: $(STAMP)
 install-dev: $(DEV_STAMP)
 
 # `make run` needs only the runtime; tests, lint and benchmarks need the dev and spark extras.
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py storage/_batch.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e .
@@ -61,6 +61,18 @@ bench: install-dev
 	$(PY) -m bench.list_bench -n 10000000
 	$(PY) -m bench.daemon_vs_redis
 	$(PY) -m bench.spark_bench
+
+# The differential tests of the compiled batch core under AddressSanitizer and UBSan: rebuilds the
+# extension with the sanitizers, runs tests/storage/test_batch_differential.py with the runtime
+# preloaded (the interpreter itself is not instrumented), then rebuilds it normally.
+ASAN_LIBS = $$(gcc -print-file-name=libasan.so):$$(gcc -print-file-name=libubsan.so)
+asan: install-dev
+	rm -f storage/_batch*.so
+	DELAYD_CFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g -O1" \
+	    DELAYD_LDFLAGS="-fsanitize=address,undefined" $(PY) -m pip install -q -e .
+	ASAN_OPTIONS=detect_leaks=0 LD_PRELOAD=$(ASAN_LIBS) $(PY) -m pytest -q -p no:cacheprovider \
+	    tests/storage/test_batch_differential.py; status=$$?; \
+	    rm -f storage/_batch*.so; $(PY) -m pip install -q -e .; exit $$status
 
 torture: install-dev
 	DELAYD_TORTURE_CYCLES=500 $(PY) -m pytest -q -m torture tests/robustness

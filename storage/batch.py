@@ -1,0 +1,781 @@
+"""The batch core: the per-message loops of the pipeline as functions over whole batches.
+
+Each function takes a batch and returns a batch, and comes twice: compiled in C
+(`storage/_batch.c`, module `delayd.storage._batch`, built by the project's own `pip install`) and
+here in Python. The Python version is the reference: it is the specification the C follows, and
+`tests/storage/test_batch_differential.py` checks with hypothesis that both give the same bytes
+for the same input, damaged input included. `ops` is the implementation in use: the compiled one,
+or this one when it is not built or `DELAYD_PURE=1` is set.
+
+Batches move between stages as rows of fixed size in one bytes object (no Python object per
+message). Their layouts (little-endian):
+
+MessageRow (MROW = 40 bytes): a commit-log record to index (enqueue-put).
+
+    offset size  field        type  meaning
+    ------ ----  -----------  ----  ---------------------------------------------------
+       0     8   seq          u64   message sequence number
+       8     8   deliver_at   i64   due time, epoch ms
+      16     8   offset       i64   the record's commit-log offset
+      24     4   size         u32   the record's length
+      28     4   topic_hash   u32   crc32 of the topic
+      32     4   tag_hash     u32   readyqueue.tag_hash of the tag (0: none)
+      36     2   roll_count   u16
+      38     1   type         u8    RecordType
+      39     1   bits         u8    ROW_KEYED: the record has a key
+
+DueRow (DROW = 48 bytes): a message leaving the timer (dequeue-get-message → dequeue-put).
+
+       0     8   deliver_at   i64
+       8     8   seq          u64
+      16     8   offset       i64   commit-log record
+      24     4   size         u32
+      28     4   topic_hash   u32
+      32     4   tag_hash     u32
+      36     4   bits         u32   ROW_KEYED
+      40     8   slot_time    i64   the wheel slot it was loaded from (in-flight accounting)
+
+UnitRow (UROW = 60 bytes): a TimerLog unit taken out of the wheel: its position (i64), then the
+52 unit bytes of storage/timerlog.py.
+
+Wheel slots travel as the wheel's own 32-byte slots (storage/timerwheel.py), message-table
+entries as the table's 16-byte entries, ready-queue units as the queue's 40-byte units.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import os
+import struct
+import zlib
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any, Protocol
+
+import msgpack
+
+from delayd.storage.commitlog import HEADER as RECORD, MAX_RECORD, RECORD_VERSION, RecordFlag, RecordType
+from delayd.storage.msgtable import ENTRY, MessageState
+from delayd.storage.readyqueue import UNIT as READY
+from delayd.storage.timerlog import NO_POS, UNIT, UNIT_SIZE, UnitMagic
+from delayd.storage.timerwheel import SLOT
+
+log = logging.getLogger("delayd.storage")
+
+MROW_FMT = struct.Struct("<QqqIIIHBB")
+DUE = struct.Struct("<qQqIIIIq")
+UROW_POS = struct.Struct("<q")
+MROW, DROW, UROW = MROW_FMT.size, DUE.size, 8 + UNIT_SIZE
+assert (MROW, DROW, UROW) == (40, 48, 60)
+ROW_KEYED = 1
+FLAG_SLOT = 1  # message-table flags bit: counted in the per-slot schedule (storage/store.py)
+
+SCAN_OK, SCAN_TORN, SCAN_CORRUPT, SCAN_VERSION = 0, 1, 2, 3
+KIND_DROP, KIND_DUE, KIND_ROLL = 0, 1, 2
+_FIELDS = frozenset({"body", "body_b64", "delay_ms", "deliver_at", "key", "tag", "headers", "replace"})
+_CONTINUED = int(RecordFlag.CONTINUED)
+_MESSAGE, _GROUP = int(RecordType.MESSAGE), int(RecordType.GROUP)
+_SCHEDULED, _DELIVERED, _CANCELLED = int(MessageState.SCHEDULED), int(MessageState.DELIVERED), \
+    int(MessageState.CANCELLED)
+
+
+class SpanLike(Protocol):
+    """A message-table batch span (storage.msgtable._Span): entries of seqs base.. in `buf`."""
+    base: int
+    buf: bytearray
+    valid: int
+    lo: int
+    hi: int
+
+
+# ------------------------------------------------------------------------------------ helpers
+def _utf8(s: str) -> bytes | None:
+    try:
+        return s.encode()
+    except UnicodeEncodeError:
+        return None
+
+
+def _span_entry(spans: Sequence[SpanLike], seq: int) -> tuple[SpanLike, int, bool] | None:
+    lo, hi = 0, len(spans)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if spans[mid].base <= seq:
+            lo = mid + 1
+        else:
+            hi = mid
+    if lo == 0:
+        return None
+    s = spans[lo - 1]
+    k = seq - s.base
+    if k >= len(s.buf) // ENTRY.size:
+        return None
+    at = k * ENTRY.size
+    return s, at, at + ENTRY.size <= s.valid
+
+
+def _touch(s: SpanLike, lo: int, hi: int) -> None:
+    s.lo = min(s.lo, lo)
+    s.hi = max(s.hi, hi)
+    if s.hi > s.valid:
+        s.valid = s.hi
+
+
+def _i32(buf: Any) -> memoryview:
+    """An i32 view of a writable buffer (array('i'), bytearray, mmap)."""
+    return memoryview(buf).cast("B").cast("i")
+
+
+def _itemsize(buf: Any) -> int:
+    return memoryview(buf).itemsize
+
+
+def _need(ok: bool, what: str) -> None:
+    if not ok:
+        raise ValueError(what)
+
+
+def _mp_str(s: bytes) -> int:
+    n = len(s)
+    return 1 + n if n < 32 else 2 + n if n < 256 else 3 + n if n < 65536 else 5 + n
+
+
+# ------------------------------------------------------------------------------------ produce
+def _parse_item(m: Any, now_ms: int, limits: tuple[int, ...]) -> tuple | None:
+    """The fast path's reading of one message object, or None when it does not decide it."""
+    max_body, max_delay, max_tag_chars, max_tag_bytes, max_key_bytes, max_headers, max_header_bytes = limits
+    if type(m) is not dict or not all(type(k) is str for k in m) or not set(m) <= _FIELDS:
+        return None
+    if "body_b64" in m or "body" not in m:
+        return None
+    b = m["body"]
+    if type(b) is bytes:
+        body = b
+    elif type(b) is str:
+        body = _utf8(b)
+        if body is None:
+            return None
+    else:
+        return None
+    if len(body) > max_body:
+        return None
+    if "delay_ms" in m and "deliver_at" in m:
+        return None
+    if "delay_ms" in m:
+        d = m["delay_ms"]
+        if type(d) is not int or not 0 <= d <= max_delay or d > (1 << 63) - 1:
+            return None
+        deliver_at = now_ms + d
+    elif "deliver_at" in m:
+        t = m["deliver_at"]
+        if type(t) is not int or not 0 <= t <= now_ms + max_delay or t > (1 << 63) - 1:
+            return None
+        deliver_at = t
+    else:
+        deliver_at = now_ms
+    key = m.get("key")
+    kb = b""
+    if key is not None:
+        if type(key) is not str:
+            return None
+        kb2 = _utf8(key)
+        if kb2 is None or not 1 <= len(kb2) <= min(max_key_bytes, 65535):
+            return None
+        kb = kb2
+    tag = m.get("tag")
+    tb = b""
+    if tag is not None:
+        if type(tag) is not str or len(tag) > max_tag_chars:
+            return None
+        tb2 = _utf8(tag)
+        if tb2 is None or len(tb2) > min(max_tag_bytes, 255):
+            return None
+        tb = tb2
+    hb = b""
+    headers = m.get("headers")
+    if headers is not None:
+        if type(headers) is not dict or len(headers) > max_headers:
+            return None
+        if headers:
+            size, enc = 0, 1 if len(headers) < 16 else 3 if len(headers) < 65536 else 5
+            for k, v in headers.items():
+                if type(k) is not str or type(v) is not str:
+                    return None
+                k8, v8 = _utf8(k), _utf8(v)
+                if k8 is None or v8 is None:
+                    return None
+                size += len(k8) + len(v8)
+                enc += _mp_str(k8) + _mp_str(v8)
+            if size > max_header_bytes or enc > 65535:
+                return None
+            hb = msgpack.packb(headers)
+    replace = m.get("replace", False)
+    if type(replace) is not bool:
+        return None
+    return body, deliver_at, kb, tb, hb, replace, key
+
+
+def encode_produce(items: list[Any], topic: bytes, now_ms: int, first_seq: int, limits: tuple[int, ...],
+                   select: bytes | None) -> tuple[bytes, bytes, bytes, list[str | None] | None,
+                                                  list[bool] | None] | None:
+    """Validate a produce batch and encode the selected items as MESSAGE records.
+
+    None when the fast path does not decide the batch: an item is invalid, or valid only in a form
+    the API's reference parser handles (body_b64, a due time as text, ...). The caller then runs
+    that parser, which raises the right error. Otherwise (records, sizes, deliver_at, keys,
+    replace): the records of the items in `select` (u32 indexes; all items when None) with seqs
+    first_seq, first_seq+1, ..., each CONTINUED but the last, produced at now_ms; each record's size
+    (u32); every item's due time (i64); per item its key (None without) or None when no item has
+    one; per item its replace flag or None when none asks for it. `limits`: max body bytes, max
+    delay ms, max tag characters, max tag bytes, max key bytes, max headers, max header bytes.
+    """
+    _need(1 <= len(topic) <= 255, "topic must be 1-255 bytes")
+    parsed = []
+    for m in items:
+        p = _parse_item(m, now_ms, limits)
+        if p is None:
+            return None
+        parsed.append(p)
+    _need(select is None or len(select) % 4 == 0, "select must hold u32 indexes")
+    order = range(len(parsed)) if select is None else struct.unpack(f"<{len(select) // 4}I", select)
+    for i in order:
+        if i >= len(parsed):
+            raise IndexError("select index out of range")
+    chosen = [parsed[i] for i in order]
+    for body, _d, kb, tb, hb, _r, _k in chosen:
+        if RECORD.size + len(topic) + len(tb) + len(kb) + len(hb) + len(body) > MAX_RECORD:
+            return None
+    recs, sizes = [], []
+    last = len(chosen) - 1
+    for j, (body, deliver_at, kb, tb, hb, _r, _k) in enumerate(chosen):
+        rest = RECORD.pack(0, 0, RECORD_VERSION, _MESSAGE, _CONTINUED if j < last else 0, first_seq + j, deliver_at,
+                           now_ms, 0, len(topic), len(tb), len(kb), len(hb), len(body))[8:]
+        rest += topic + tb + kb + hb + body
+        rec = struct.pack("<II", len(rest) + 8, zlib.crc32(rest)) + rest
+        recs.append(rec)
+        sizes.append(len(rec))
+    keys = [p[6] for p in parsed] if any(p[6] is not None for p in parsed) else None
+    replace = [p[5] for p in parsed] if any(p[5] for p in parsed) else None
+    return (b"".join(recs), struct.pack(f"<{len(sizes)}I", *sizes),
+            struct.pack(f"<{len(parsed)}q", *(p[1] for p in parsed)), keys, replace)
+
+
+def produced_rows(records: bytes, offsets: bytes, topic_hash: int) -> tuple[bytes, bytes]:
+    """For records just appended (whole records back to back, and each one's commit-log offset as
+    i64): their message-table entries (SCHEDULED, flags 0, roll 0, size, offset) and the
+    MessageRows enqueue-put indexes — what a scan of the log would give, without reading it."""
+    _need(len(offsets) % 8 == 0, "offsets must be i64")
+    n = len(offsets) // 8
+    offs = struct.unpack(f"<{n}q", offsets)
+    entries, rows = [], []
+    p = 0
+    for off in offs:
+        if len(records) - p < RECORD.size:
+            raise ValueError("records shorter than their offsets")
+        (length, _crc, _v, rtype, _f, seq, deliver_at, _pa, roll, tl, gl, kl, _hl, _bl) = RECORD.unpack_from(records, p)
+        if length < RECORD.size or len(records) - p < length:
+            raise ValueError("record length")
+        if RECORD.size + tl + gl > length:
+            raise ValueError("record fields")
+        tag = records[p + RECORD.size + tl:p + RECORD.size + tl + gl]
+        entries.append(ENTRY.pack(_SCHEDULED, 0, 0, length, off))
+        rows.append(MROW_FMT.pack(seq, deliver_at, off, length, topic_hash, _tag_hash_bytes(tag), roll, rtype,
+                                  ROW_KEYED if kl else 0))
+        p += length
+    return b"".join(entries), b"".join(rows)
+
+
+def _tag_hash_bytes(tag: bytes) -> int:
+    return (zlib.crc32(tag) or 1) if tag else 0
+
+
+# ------------------------------------------------------------------------------------ scan
+def check_record(buf: bytes | memoryview, i: int, verify: bool) -> tuple[int, int]:
+    """(outcome, length) of the record at buf[i:], in commitlog.decode's order of checks."""
+    if len(buf) - i < RECORD.size:
+        return SCAN_TORN, 0
+    (length, crc, version, rtype, _f, _s, _d, _p, _r, tl, gl, kl, hl, bl) = RECORD.unpack_from(buf, i)
+    if length < RECORD.size or length > MAX_RECORD or length != RECORD.size + tl + gl + kl + hl + bl:
+        return SCAN_CORRUPT, 0
+    if len(buf) - i < length:
+        return SCAN_TORN, 0
+    if verify and zlib.crc32(memoryview(buf)[i + 8:i + length]) != crc:
+        return SCAN_CORRUPT, 0
+    if version != RECORD_VERSION:
+        return SCAN_VERSION, 0
+    if not _MESSAGE <= rtype <= _GROUP:
+        return SCAN_CORRUPT, 0
+    return SCAN_OK, length
+
+
+def scan_rows(buf: bytes | memoryview, base: int, verify: bool, max_records: int) -> tuple[bytes, int, int]:
+    """MessageRows of the whole records at the start of `buf` (which sits at commit-log offset
+    `base`), until max_records, the end of the buffer, or a record that does not check out.
+    Returns (rows, bytes consumed, outcome): outcome says why it stopped (SCAN_OK: end of buffer or
+    max_records; SCAN_TORN, SCAN_CORRUPT, SCAN_VERSION) — whether that is a chunk boundary, a torn
+    tail or damage is the caller's call (CommitLog.scan)."""
+    rows = []
+    i = 0
+    outcome = SCAN_OK
+    while i < len(buf) and len(rows) < max_records:
+        c, length = check_record(buf, i, verify)
+        if c != SCAN_OK:
+            outcome = c
+            break
+        (_l, _c, _v, rtype, _f, seq, deliver_at, _p, roll, tl, gl, kl, _h, _b) = RECORD.unpack_from(buf, i)
+        topic = bytes(buf[i + RECORD.size:i + RECORD.size + tl])
+        tag = bytes(buf[i + RECORD.size + tl:i + RECORD.size + tl + gl])
+        rows.append(MROW_FMT.pack(seq, deliver_at, base + i, length, zlib.crc32(topic), _tag_hash_bytes(tag), roll,
+                                  rtype, ROW_KEYED if kl else 0))
+        i += length
+    return b"".join(rows), i, outcome
+
+
+# ------------------------------------------------------------------------------------ enqueue-put
+def index_rows(rows: bytes, start: int, spans: Sequence[SpanLike], wheel: Any, header_size: int, precision: int,
+               nslots: int, counts: Any, load_time: int, window_end: int, unsafe_from: int, tlog_pos: int,
+               now_ms: int, max_units: int) -> tuple[int, bytes, bytes, bytes]:
+    """enqueue-put's common case for MessageRows[start:], in order; returns (consumed, units, slots,
+    late).
+
+    A GROUP record is consumed with nothing to index. A MESSAGE whose message-table entry is
+    SCHEDULED at this record and whose due time is inside the window (`window_end`), in a slot that
+    may take a unit (fire before `unsafe_from`, else the slot's previous lap is not dispatched
+    yet), gets a DEFAULT unit: in its own slot (counted in `counts`, flag FLAG_SLOT), or — when its
+    slot was already loaded (due before `load_time`) — in slot `load_time`, flags 0, plus a DueRow
+    in `late` so dequeue-put gets it now. A cancelled MESSAGE loses its flags; one delivered or
+    superseded (the table points elsewhere) is consumed as is. Anything else stops the batch at
+    that row and the caller's full path (Store) takes it: cancel and roll records, far messages
+    (ROLL units), a message not in the spans, a full lap, max_units units made.
+
+    Units are returned, not written: the caller appends them to the TimerLog at `tlog_pos`, then
+    writes `slots` (the new state of every slot touched, as 32-byte wheel slots) with put_slots —
+    a unit is on file before a slot points at it. `counts` (i32 per slot) and the spans' flag
+    bytes are updated in place.
+    """
+    _need(precision > 0 and nslots > 0, "bad wheel geometry")
+    _need(len(rows) % MROW == 0 and len(wheel) >= header_size + nslots * SLOT.size and len(counts) * _itemsize(counts)
+          >= nslots * 4, "rows, wheel or counts have the wrong size")
+    n = len(rows) // MROW
+    if not 0 <= start <= n:
+        raise IndexError("start")
+    cnt = _i32(counts)
+    slots: dict[int, list[int]] = {}
+    units, late = [], []
+    pos = tlog_pos
+    i = start
+    made = 0
+    while i < n and made < max_units:
+        seq, deliver_at, offset, size, th, tgh, _roll, rtype, bits = MROW_FMT.unpack_from(rows, i * MROW)
+        if rtype == _GROUP:
+            i += 1
+            continue
+        if rtype != _MESSAGE:
+            break
+        hit = _span_entry(spans, seq)
+        if hit is None:
+            break
+        span, at, readable = hit
+        state, _fl, _ro, _sz, eoff = ENTRY.unpack_from(span.buf, at) if readable else (0, 0, 0, 0, -1)
+        if state == _CANCELLED:
+            span.buf[at + 1] = 0
+            _touch(span, at + 1, at + 2)
+            i += 1
+            continue
+        if state != _SCHEDULED or eoff != offset:
+            if state == _DELIVERED or (state == _SCHEDULED and eoff != offset):
+                i += 1
+                continue
+            break
+        if deliver_at > window_end:
+            break
+        fire = load_time if deliver_at < load_time else deliver_at
+        if fire >= unsafe_from or not -(1 << 31) <= fire - now_ms < 1 << 31:
+            break
+        st = fire - fire % precision
+        s = slots.get(st)
+        if s is None:
+            t, first, last, num, magic = SLOT.unpack_from(wheel, header_size + st // precision % nslots * SLOT.size)
+            s = slots[st] = [first, last, num, magic] if t == st and num > 0 else [NO_POS, NO_POS, 0, 0]
+        units.append(UNIT.pack(UNIT_SIZE, s[1], int(UnitMagic.DEFAULT), now_ms, fire - now_ms, offset, size, th, seq))
+        if s[2] == 0:
+            s[0] = pos
+        s[1] = pos
+        s[2] += 1
+        s[3] |= int(UnitMagic.DEFAULT)
+        pos += UNIT_SIZE
+        made += 1
+        if deliver_at >= load_time:
+            cnt[deliver_at // precision % nslots] += 1
+            span.buf[at + 1] = FLAG_SLOT
+        else:
+            span.buf[at + 1] = 0
+            late.append(DUE.pack(deliver_at, seq, offset, size, th, tgh, bits, st))
+        _touch(span, at + 1, at + 2)
+        i += 1
+    slot_bytes = b"".join(SLOT.pack(st, *s) for st, s in slots.items())
+    return i - start, b"".join(units), slot_bytes, b"".join(late)
+
+
+def put_slots(wheel: Any, header_size: int, precision: int, nslots: int, slots: bytes) -> None:
+    """Write 32-byte wheel slots (as index_rows returns them) to their places in the wheel."""
+    _need(precision > 0 and nslots > 0, "bad wheel geometry")
+    _need(len(slots) % SLOT.size == 0 and len(wheel) >= header_size + nslots * SLOT.size,
+          "slots or wheel have the wrong size")
+    for k in range(len(slots) // SLOT.size):
+        raw = slots[k * SLOT.size:(k + 1) * SLOT.size]
+        st = SLOT.unpack(raw)[0]
+        at = header_size + st // precision % nslots * SLOT.size
+        wheel[at:at + SLOT.size] = raw
+
+
+# ------------------------------------------------------------------------------------ dequeue-get
+class Walker:
+    """One slot's chain, newest first (TimerIndex.walk): `feed` walks it through windows of
+    TimerLog bytes, applying DELETE markers (a marker is always newer than its target)."""
+
+    def __init__(self, slot_time: int, precision: int, last_pos: int) -> None:
+        if precision <= 0:
+            raise ValueError("precision")
+        self.slot_time, self.precision, self.pos = slot_time, precision, last_pos
+        self._deleted: set[int] = set()
+
+    def feed(self, buf: bytes | memoryview, buf_pos: int, max_units: int) -> tuple[bytes, int]:
+        """(UnitRows of the live units walked inside `buf` — TimerLog bytes at `buf_pos` — at most
+        max_units, outcome): 0 the chain ended, 1 more to come at `pos` (outside `buf`, or past
+        max_units), 2 damage at `pos` (not a unit, or a unit of another slot)."""
+        out = []
+        end = buf_pos + len(buf)
+        while True:
+            if self.pos == NO_POS:
+                return b"".join(out), 0
+            if len(out) >= max_units or self.pos < buf_pos or self.pos + UNIT_SIZE > end:
+                return b"".join(out), 1
+            at = self.pos - buf_pos
+            size, prev, magic, enq, delay, off, _cs, _th, seq = UNIT.unpack_from(buf, at)
+            if size != UNIT_SIZE or prev >= self.pos or prev < NO_POS or not 0 < magic < 8 or off < 0:
+                return b"".join(out), 2
+            fire = enq + delay
+            if fire - fire % self.precision != self.slot_time:
+                return b"".join(out), 2
+            if magic & UnitMagic.DELETE:
+                self._deleted.add(seq)
+            elif seq not in self._deleted:
+                out.append(UROW_POS.pack(self.pos) + bytes(buf[at:at + UNIT_SIZE]))
+            self.pos = prev
+
+
+# ------------------------------------------------------------------------------------ dequeue-get-message
+def classify(units: bytes, spans: Sequence[SpanLike]) -> tuple[bytes, bytes]:
+    """(kinds, locations) for UnitRows: KIND_DUE / KIND_ROLL for a unit whose message is SCHEDULED
+    and whose table entry points at this unit's record (DEFAULT / ROLL unit), else KIND_DROP
+    (cancelled, delivered, unknown, or a stale unit of a message that rolled since).
+    `locations`: (offset i64, size u32) of the current record of every live unit, in order."""
+    _need(len(units) % UROW == 0, "units")
+    kinds = bytearray(len(units) // UROW)
+    locs = []
+    for i in range(len(kinds)):
+        _size, _prev, magic, _e, _d, off, _cs, _th, seq = UNIT.unpack_from(units, i * UROW + 8)
+        hit = _span_entry(spans, seq)
+        if hit is None or not hit[2]:
+            continue
+        state, _f, _r, esize, eoff = ENTRY.unpack_from(hit[0].buf, hit[1])
+        if state != _SCHEDULED or eoff != off:
+            continue
+        kinds[i] = KIND_ROLL if magic & UnitMagic.ROLL else KIND_DUE
+        locs.append(struct.pack("<qI", eoff, esize))
+    return bytes(kinds), b"".join(locs)
+
+
+def dues(units: bytes, kinds: bytes, reads: list[tuple[int, bytes]], slot_time: int) -> tuple[bytes, list]:
+    """DueRows of the units classified KIND_DUE, from their records in `reads` ((commit-log
+    offset, bytes) sorted by offset), each checked as commitlog.decode checks it (CRC included):
+    deliver_at, seq, offset and size from the record, the hashes of its topic and tag, the keyed
+    bit, and `slot_time`. `problems`: (unit index, outcome) where the record is not in `reads`
+    (0: the caller reads it itself) or does not check out (SCAN_TORN, SCAN_CORRUPT, SCAN_VERSION)."""
+    _need(len(units) % UROW == 0 and len(kinds) == len(units) // UROW, "units/kinds")
+    starts = [s for s, _ in reads]
+    out, problems = [], []
+    for i in range(len(units) // UROW):
+        if kinds[i] != KIND_DUE:
+            continue
+        _s, _p, _m, _e, _d, off, size, _th, _seq = UNIT.unpack_from(units, i * UROW + 8)
+        j = _bisect_right(starts, off) - 1
+        need = max(size, RECORD.size)
+        if j < 0 or off < reads[j][0] or off + need > reads[j][0] + len(reads[j][1]):
+            problems.append((i, 0))
+            continue
+        buf, at = reads[j][1], off - reads[j][0]
+        c, length = check_record(buf, at, True)
+        if c != SCAN_OK:
+            problems.append((i, c))
+            continue
+        (_l, _c, _v, _t, _f, seq, deliver_at, _pa, _r, tl, gl, kl, _h, _b) = RECORD.unpack_from(buf, at)
+        topic = bytes(buf[at + RECORD.size:at + RECORD.size + tl])
+        tag = bytes(buf[at + RECORD.size + tl:at + RECORD.size + tl + gl])
+        out.append(DUE.pack(deliver_at, seq, off, length, zlib.crc32(topic), _tag_hash_bytes(tag),
+                            ROW_KEYED if kl else 0, slot_time))
+    return b"".join(out), problems
+
+
+def _bisect_right(a: list[int], x: int) -> int:
+    lo, hi = 0, len(a)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if a[mid] <= x:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+# ------------------------------------------------------------------------------------ dequeue-put
+class DueHeap:
+    """DueRows ordered by (deliver_at, seq, then the row's bytes — a total order, so equal
+    inputs come out equally): dequeue-put holds messages here until they are due."""
+
+    def __init__(self) -> None:
+        self._h: list[tuple[int, int, bytes]] = []
+
+    def push(self, rows: bytes) -> None:
+        _need(len(rows) % DROW == 0, "dues")
+        for k in range(len(rows) // DROW):
+            row = rows[k * DROW:(k + 1) * DROW]
+            deliver_at, seq = struct.unpack_from("<qQ", row)
+            heapq.heappush(self._h, (deliver_at, seq, row))
+
+    def pop(self, now_ms: int, max_n: int) -> bytes:
+        out = []
+        while self._h and len(out) < max_n and self._h[0][0] <= now_ms:
+            out.append(heapq.heappop(self._h)[2])
+        return b"".join(out)
+
+    def next_due(self) -> int | None:
+        return self._h[0][0] if self._h else None
+
+    def __len__(self) -> int:
+        return len(self._h)
+
+
+def release_rows(rows: bytes, spans: Sequence[SpanLike], now_ms: int) -> dict[int, tuple[bytes, bytes]]:
+    """dequeue-put's check for DueRows: a message is released once, and only while SCHEDULED at
+    the same record (a cancel that arrived meanwhile wins). Per topic hash: (ready-queue units
+    (offset, size, tag_hash, deliver_at, released_at=now_ms, seq), u64 seqs). Nothing is marked:
+    the caller appends each topic's units, then marks them delivered with set_states."""
+    _need(len(rows) % DROW == 0, "dues")
+    seen: set[int] = set()
+    out: dict[int, tuple[list[bytes], list[bytes]]] = {}
+    for k in range(len(rows) // DROW):
+        deliver_at, seq, off, size, th, tgh, _bits, _st = DUE.unpack_from(rows, k * DROW)
+        if seq in seen:
+            continue
+        hit = _span_entry(spans, seq)
+        if hit is None or not hit[2]:
+            continue
+        state, _f, _r, _s, eoff = ENTRY.unpack_from(hit[0].buf, hit[1])
+        if state != _SCHEDULED or eoff != off:
+            continue
+        seen.add(seq)
+        units, seqs = out.setdefault(th, ([], []))
+        units.append(READY.pack(off, size, tgh, deliver_at, now_ms, seq))
+        seqs.append(struct.pack("<Q", seq))
+    return {th: (b"".join(u), b"".join(s)) for th, (u, s) in out.items()}
+
+
+def set_states(seqs: bytes, spans: Sequence[SpanLike], state: int) -> int:
+    """The entries of u64 `seqs` take `state`; returns how many were in no span (the caller
+    writes those itself)."""
+    _need(0 <= state <= 255, "state")
+    _need(len(seqs) % 8 == 0, "seqs")
+    missing = 0
+    for (seq,) in struct.iter_unpack("<Q", seqs):
+        hit = _span_entry(spans, seq)
+        if hit is None:
+            missing += 1
+            continue
+        span, at, _readable = hit
+        span.buf[at] = state
+        _touch(span, at, at + 1)
+    return missing
+
+
+# ------------------------------------------------------------------------------------ pull
+PULL = struct.Struct("<qIIqqQQII")  # the 40-byte ready unit, then index, attempt, token
+PROW = PULL.size
+assert PROW == 56
+MAX_HEADERS_ON_FILE = 64
+
+
+def encode_pull(rows: bytes, prefix: bytes, tokens: list[str], reads: list[tuple[int, bytes]]
+                ) -> tuple[bytes, list[tuple[int, int]]]:
+    """The msgpack answer of a pull, ``{"messages": [...]}``, from PullRows (a 40-byte ready unit,
+    then its index u64, attempt u32 and the number of its lease token in `tokens` u32) and their
+    records in `reads` ((commit-log offset, bytes) sorted by offset): per message the API's
+    object — id (prefix + seq in hex), receipt (id.index-hex.token), topic, key, tag, headers,
+    body, deliver_at (the record's), delivered_at (the unit's release time), attempt. A record
+    not in `reads`, or one that does not check out (CRC, version, UTF-8 of topic/tag/key, headers
+    that are not exactly msgpack.packb of a str→str dict of at most 64 entries) is left out and
+    named in `problems` as (row index, outcome): 0 not read, SCAN_TORN, SCAN_CORRUPT, SCAN_VERSION."""
+    _need(len(rows) % PROW == 0, "rows")
+    starts = [s for s, _ in reads]
+    out: list[dict[str, Any]] = []
+    problems = []
+    for i in range(len(rows) // PROW):
+        off, size, _tgh, _d, released_at, seq, index, attempt, token = PULL.unpack_from(rows, i * PROW)
+        if token >= len(tokens):
+            raise IndexError("token")
+        j = _bisect_right(starts, off) - 1
+        if j < 0 or off < reads[j][0] or off + max(size, RECORD.size) > reads[j][0] + len(reads[j][1]):
+            problems.append((i, 0))
+            continue
+        buf, at = reads[j][1], off - reads[j][0]
+        c, _length = check_record(buf, at, True)
+        if c != SCAN_OK:
+            problems.append((i, c))
+            continue
+        (_l, _c, _v, _t, _f, _seq, deliver_at, _pa, _r, tl, gl, kl, hl, bl) = RECORD.unpack_from(buf, at)
+        p = at + RECORD.size
+        raw = bytes(buf[p:p + tl + gl + kl + hl + bl])
+        try:
+            topic = raw[:tl].decode()
+            tag = raw[tl:tl + gl].decode() or None
+            key = raw[tl + gl:tl + gl + kl].decode() or None
+        except UnicodeDecodeError:
+            problems.append((i, SCAN_CORRUPT))
+            continue
+        hraw = raw[tl + gl + kl:tl + gl + kl + hl]
+        headers: dict[str, str] = {}
+        if hl:
+            try:
+                headers = msgpack.unpackb(hraw)
+            except (ValueError, TypeError, msgpack.UnpackException):
+                headers = None  # type: ignore[assignment]
+            if not isinstance(headers, dict) or len(headers) > MAX_HEADERS_ON_FILE or msgpack.packb(headers) != hraw \
+                    or not all(type(k) is str and type(v) is str for k, v in headers.items()):
+                problems.append((i, SCAN_CORRUPT))
+                continue
+        mid = prefix.decode() + format(seq, "x")
+        out.append({"id": mid, "receipt": f"{mid}.{index:x}.{tokens[token]}", "topic": topic, "key": key,
+                    "tag": tag, "headers": headers, "body": raw[tl + gl + kl + hl:], "deliver_at": deliver_at,
+                    "delivered_at": released_at, "attempt": attempt})
+    return msgpack.packb({"messages": out}, use_bin_type=True), problems
+
+
+def parse_receipts(receipts: list[Any]) -> tuple[bytes, bytes, list[str]]:
+    """(indexes u64, token ids u32, distinct tokens) of receipts `{id}.{index hex}.{token}`. A
+    receipt not in canonical form (lowercase hex without sign or leading zeros, up to 16 digits)
+    gets token id 0xFFFFFFFF: the caller's reference parser decides it."""
+    idx, tid, tokens = [], [], []
+    seen: dict[str, int] = {}
+    for r in receipts:
+        parts = r.rsplit(".", 2) if type(r) is str else []
+        h = parts[1] if len(parts) == 3 else ""
+        if not (1 <= len(h) <= 16 and all(ch in "0123456789abcdef" for ch in h) and (len(h) == 1 or h[0] != "0")) \
+                or _utf8(r) is None:
+            idx.append(0)
+            tid.append(0xFFFFFFFF)
+            continue
+        k = seen.get(parts[2])
+        if k is None:
+            k = seen[parts[2]] = len(tokens)
+            tokens.append(parts[2])
+        idx.append(int(h, 16))
+        tid.append(k)
+    return struct.pack(f"<{len(idx)}Q", *idx), struct.pack(f"<{len(tid)}I", *tid), tokens
+
+
+def take_rows(units: bytes, first_index: int, exclude: bytes, wanted: bytes | None, max_n: int, attempt: int,
+              token: int) -> tuple[bytes, int, bytes]:
+    """A consumer group handing out new messages from its cursor (Groups.take): the ready units
+    (40 bytes each) at indexes first_index.., skipping those in `exclude` (sorted u64 indexes,
+    acked or leased already) and, when `wanted` (u32 tag hashes) is given, those whose tag is not
+    wanted — their indexes come back in `skipped` (they count as consumed by the group); at most
+    max_n PullRows with `attempt` and `token`. Returns (rows, units examined, skipped)."""
+    _need(len(units) % READY.size == 0 and len(exclude) % 8 == 0 and (wanted is None or len(wanted) % 4 == 0),
+          "units, exclude or wanted have the wrong size")
+    ex = [x for (x,) in struct.iter_unpack("<Q", exclude)]
+    _need(ex == sorted(ex), "exclude must be sorted")
+    exs = set(ex)
+    want = None if wanted is None else {x for (x,) in struct.iter_unpack("<I", wanted)}
+    rows, skipped = [], []
+    i, n = 0, len(units) // READY.size
+    while i < n and len(rows) < max_n:
+        index = first_index + i
+        u = units[i * READY.size:(i + 1) * READY.size]
+        i += 1
+        if index in exs:
+            continue
+        if want is not None and READY.unpack(u)[2] not in want:
+            skipped.append(struct.pack("<Q", index))
+            continue
+        rows.append(u + struct.pack("<QII", index, attempt, token))
+    return b"".join(rows), i, b"".join(skipped)
+
+
+def encode_produced(seqs: bytes, deliver_at: bytes, duplicate: bytes, prefix: bytes, as_json: bool) -> bytes | None:
+    """The answer of a produce, ``{"messages": [{"id", "deliver_at", "duplicate"}, ...]}``, as
+    msgpack.packb or json.dumps(separators=(",", ":")) writes it; ids are prefix + seq in hex.
+    None for JSON with a prefix that is not plain ASCII (the caller encodes that itself)."""
+    n = len(seqs) // 8
+    _need(len(seqs) % 8 == 0 and len(deliver_at) == 8 * n and len(duplicate) == n,
+          "seqs, deliver_at and duplicate must be of one length")
+    if as_json and any(b >= 0x80 or b < 0x20 or b in b'"\\' for b in prefix):
+        return None
+    if not as_json and len(prefix) > 64:
+        raise ValueError("prefix")
+    p = prefix.decode()
+    msgs = [{"id": p + format(s, "x"), "deliver_at": d, "duplicate": bool(u)} for s, d, u in
+            zip(struct.unpack(f"<{n}Q", seqs), struct.unpack(f"<{n}q", deliver_at), duplicate, strict=True)]
+    if as_json:
+        import json
+        return json.dumps({"messages": msgs}, separators=(",", ":")).encode()
+    return msgpack.packb({"messages": msgs}, use_bin_type=True)
+
+
+def lateness(rows: bytes, now_ms: int) -> bytes:
+    """now_ms - deliver_at of every DueRow, i64 each."""
+    _need(len(rows) % DROW == 0, "dues")
+    return struct.pack(f"<{len(rows) // DROW}q", *(now_ms - DUE.unpack_from(rows, k * DROW)[0]
+                                                   for k in range(len(rows) // DROW)))
+
+
+# ------------------------------------------------------------------------------------ helpers
+def crc32(data: bytes | memoryview, value: int = 0) -> int:
+    return zlib.crc32(data, value)
+
+
+def seq_runs(seqs: bytes, segment_entries: int, gap: int) -> list[tuple[int, int, int]]:
+    """The distinct u64 seqs, sorted, cut into runs within one message-table segment whose
+    neighbours are at most `gap` apart: (segment, first index, last index) per run."""
+    _need(segment_entries > 0, "segment_entries")
+    _need(len(seqs) % 8 == 0, "seqs")
+    s = sorted(x for (x,) in struct.iter_unpack("<Q", seqs))
+    out = []
+    i = 0
+    while i < len(s):
+        seg = s[i] // segment_entries
+        j = i + 1
+        while j < len(s) and s[j] // segment_entries == seg and s[j] - s[j - 1] <= gap:
+            j += 1
+        out.append((seg, s[i] % segment_entries, s[j - 1] % segment_entries))
+        i = j
+    return out
+
+
+def _load() -> ModuleType:
+    import sys
+    if os.environ.get("DELAYD_PURE") == "1":
+        return sys.modules[__name__]
+    try:
+        from delayd.storage import _batch
+    except ImportError as e:  # pragma: no cover - the build compiles it; say so if it did not
+        log.warning("compiled batch core unavailable (%s); using the Python reference", e)
+        return sys.modules[__name__]
+    assert (_batch.MROW, _batch.DROW, _batch.UROW, _batch.PROW) == (MROW, DROW, UROW, PROW)
+    assert (_batch.RECORD_HEADER, _batch.UNIT_SIZE, _batch.ENTRY_SIZE, _batch.READY_UNIT, _batch.RECORD_VERSION) == \
+        (RECORD.size, UNIT_SIZE, ENTRY.size, READY.size, RECORD_VERSION)
+    return _batch
+
+
+ops: Any = _load()

@@ -1,0 +1,528 @@
+"""The compiled batch core against its Python reference (storage/batch.py), byte for byte.
+
+Every function of `delayd.storage._batch` gets the same inputs as its reference in
+`delayd.storage.batch` — valid batches, and damaged ones (flipped bytes, cut buffers, garbage) —
+and must return the same bytes, leave the same state behind (wheel, counts, message-table spans)
+and fail the same way. `make asan` runs this file against a build with AddressSanitizer.
+"""
+
+from __future__ import annotations
+
+import copy
+import struct
+import zlib
+from typing import Any
+
+import msgpack
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from delayd.broker import codec, errors
+from delayd.broker.config import Config
+from delayd.storage import batch as ref
+from delayd.storage.commitlog import RecordType, encode_messages
+from delayd.storage.msgtable import ENTRY
+from delayd.storage.timerlog import UNIT, UNIT_SIZE
+from delayd.storage.timerwheel import HEADER as WHEEL_HEADER
+from delayd.storage.timerwheel import SLOT
+
+c = pytest.importorskip("delayd.storage._batch", reason="the compiled batch core is built by pip install")
+if c is ref:  # pragma: no cover
+    pytest.skip("DELAYD_PURE=1: nothing to compare", allow_module_level=True)
+
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+LIMITS = (1 << 20, 3650 * 86_400_000, 128, 255, 256, 64, 8192)
+NOW = 1_800_000_000_000
+
+
+def same(f_c: Any, f_ref: Any, *args: Any) -> Any:
+    """Both raise the same exception type, or both return equal results; the result."""
+    try:
+        want = f_ref(*args)
+    except Exception as e:  # noqa: BLE001 - the type is what is compared
+        with pytest.raises(type(e)):
+            f_c(*args)
+        return None
+    got = f_c(*args)
+    assert got == want
+    return got
+
+
+class Span:
+    """What MessageTable.begin_batch hands the batch functions (storage.msgtable._Span)."""
+
+    def __init__(self, base: int, buf: bytearray, valid: int) -> None:
+        self.base, self.buf, self.valid = base, buf, valid
+        self.lo, self.hi = len(buf), 0
+
+    def state(self) -> tuple[int, bytes, int, int, int]:
+        return self.base, bytes(self.buf), self.valid, self.lo, self.hi
+
+
+def span_states(spans: list[Span]) -> list[tuple[int, bytes, int, int, int]]:
+    return [s.state() for s in spans]
+
+
+# ---------------------------------------------------------------------------------- crc32
+@SETTINGS
+@given(st.binary(max_size=300), st.integers(0, 2**32 - 1))
+def test_crc32(data: bytes, value: int) -> None:
+    assert c.crc32(data, value) == ref.crc32(data, value) == zlib.crc32(data, value)
+
+
+# ---------------------------------------------------------------------------------- produce
+texts = st.text(max_size=40) | st.text(st.characters(codec="utf-8"), min_size=100, max_size=300) | \
+    st.sampled_from(["", "\ud800", "é" * 128, "€" * 85, "€" * 86, "x" * 128, "x" * 129, "k" * 256, "k" * 257,
+                     "é" * 128 + "x"])
+ints = st.integers(-5, 5) | st.integers(0, 4_000 * 86_400_000) | st.sampled_from(
+    [True, False, 2**63, -(2**63) - 1, NOW, NOW + 3650 * 86_400_000, NOW + 3650 * 86_400_000 + 1, 1.5])
+headers = st.dictionaries(texts, texts, max_size=5) | st.sampled_from(
+    [{}, {str(i): "v" for i in range(64)}, {str(i): "v" for i in range(65)}, {"k": "v" * 8191},
+     {"k": "v" * 8192}, {"k": 1}, {1: "v"}, {"é" * 40: "€" * 2700}])
+values = st.one_of(st.none(), texts, st.binary(max_size=40), ints, headers, st.lists(st.integers(), max_size=2))
+
+
+@st.composite
+def valid_message(draw: Any) -> dict[str, Any]:
+    """A message object the API accepts (most of a real batch)."""
+    m: dict[str, Any] = {"body": draw(st.binary(max_size=64) | st.text(max_size=20))}
+    when = draw(st.sampled_from(["delay_ms", "deliver_at", None]))
+    if when == "delay_ms":
+        m["delay_ms"] = draw(st.integers(0, 3650 * 86_400_000))
+    elif when == "deliver_at":
+        m["deliver_at"] = draw(st.integers(0, NOW + 3650 * 86_400_000))
+    if draw(st.booleans()):
+        m["key"] = draw(st.text(min_size=1, max_size=20) | st.sampled_from(["k" * 256, "é" * 128]))
+    if draw(st.booleans()):
+        m["tag"] = draw(st.text(max_size=10) | st.sampled_from(["", "x" * 128, "€" * 85]))
+    if draw(st.booleans()):
+        m["headers"] = draw(st.dictionaries(st.text(max_size=8), st.text(max_size=8), max_size=4) |
+                            st.sampled_from([{str(i): "v" for i in range(64)}, {"k": "v" * 8191}]))
+    if draw(st.booleans()):
+        m["replace"] = draw(st.booleans())
+    return m
+
+
+@st.composite
+def noisy_message(draw: Any) -> Any:
+    """Anything: invalid fields, wrong types, limits and one past them, not an object at all."""
+    if draw(st.integers(0, 30)) == 0:
+        return draw(values)
+    m: dict[Any, Any] = {}
+    body = draw(st.sampled_from(["body", "body", "body", "body_b64", "none", "both"]))
+    if body in ("body", "both"):
+        m["body"] = draw(st.binary(max_size=64) | texts | st.sampled_from([b"x" * (1 << 20), b"x" * ((1 << 20) + 1), 5]))
+    if body in ("body_b64", "both"):
+        m["body_b64"] = draw(st.sampled_from(["aGk=", "!!", ""]))
+    for name in ("delay_ms", "deliver_at"):
+        if draw(st.integers(0, 3)) == 0:
+            m[name] = draw(ints | st.sampled_from(["2027-01-01T08:00:00Z"]))
+    for name, strat in (("key", texts | values), ("tag", texts | values), ("headers", headers | values),
+                        ("replace", st.booleans() | values)):
+        if draw(st.integers(0, 2)) == 0:
+            m[name] = draw(strat)
+    if draw(st.integers(0, 25)) == 0:
+        m[draw(st.sampled_from(["extra", b"body", 7]))] = 1
+    return m
+
+
+def message() -> st.SearchStrategy[Any]:
+    return st.one_of(valid_message(), valid_message(), valid_message(), noisy_message())
+
+
+@SETTINGS
+@given(st.lists(message(), min_size=1, max_size=6), st.integers(1, 2**40), st.sampled_from([b"orders", b"t" * 128]),
+       st.data())
+def test_encode_produce(items: list[Any], first_seq: int, topic: bytes, data: Any) -> None:
+    select = data.draw(st.none() | st.lists(st.integers(0, len(items) - 1), max_size=len(items), unique=True).map(
+        lambda ix: struct.pack(f"<{len(ix)}I", *ix)))
+    got = same(c.encode_produce, ref.encode_produce, items, topic, NOW, first_seq, LIMITS, select)
+    # Against the API's own parser and the commit log's encoder, the reference that existed first:
+    # the fast path decides only what they accept, and encodes exactly what they would.
+    cfg = Config()
+    try:
+        parsed = codec.parse_produce(topic.decode(), {"messages": items}, cfg, NOW)
+    except errors.ApiError:
+        assert got is None
+        return
+    if got is None:
+        return  # a form only the reference parser handles (body_b64, ...)
+    records, sizes, dues, keys, replace = got
+    order = range(len(items)) if select is None else struct.unpack(f"<{len(select) // 4}I", select)
+    want = encode_messages([parsed.messages[i] for i in order], first_seq, NOW)
+    assert records == b"".join(want)
+    assert sizes == struct.pack(f"<{len(want)}I", *map(len, want))
+    assert dues == struct.pack(f"<{len(items)}q", *(m.deliver_at for m in parsed.messages))
+    assert keys == (parsed.keys if any(k is not None for k in parsed.keys) else None)
+    assert replace == (parsed.replace if any(parsed.replace) else None)
+
+
+def test_encode_produce_decides_the_common_forms() -> None:
+    """The fast path is not vacuous: plain, keyed, tagged and header-carrying messages are its."""
+    items = [{"body": b"x", "delay_ms": 5}, {"body": "text", "deliver_at": NOW + 1, "key": "k", "tag": "t"},
+             {"body": b"", "headers": {"a": "b"}, "replace": True}]
+    for impl in (c, ref):
+        got = impl.encode_produce(items, b"orders", NOW, 1, LIMITS, None)
+        assert got is not None and got[3] == [None, "k", None] and got[4] == [False, False, True]
+
+
+def encoded_records(draw: Any, n: int, first_seq: int = 1) -> list[bytes]:
+    items = [{"body": draw(st.binary(max_size=30)), "delay_ms": draw(st.integers(0, 10**6)),
+              **({"key": draw(st.text(min_size=1, max_size=5))} if draw(st.booleans()) else {}),
+              **({"tag": draw(st.text(max_size=5))} if draw(st.booleans()) else {})} for _ in range(n)]
+    recs, sizes, *_ = ref.encode_produce(items, b"topic", NOW, first_seq, LIMITS, None)
+    out, p = [], 0
+    for (size,) in struct.iter_unpack("<I", sizes):
+        out.append(recs[p:p + size])
+        p += size
+    return out
+
+
+@SETTINGS
+@given(st.data())
+def test_produced_rows(data: Any) -> None:
+    recs = encoded_records(data.draw, data.draw(st.integers(0, 5)))
+    offsets, off = [], data.draw(st.integers(0, 2**40))
+    for r in recs:
+        offsets.append(off)
+        off += len(r) + data.draw(st.integers(0, 100))
+    buf = b"".join(recs)
+    cut = data.draw(st.integers(0, len(buf)))
+    extra = data.draw(st.integers(0, 1))
+    offs = struct.pack(f"<{len(offsets) + extra}q", *offsets, *([0] * extra))
+    same(c.produced_rows, ref.produced_rows, buf[:cut] if data.draw(st.booleans()) else buf, offs, 12345)
+
+
+# ---------------------------------------------------------------------------------- scan
+@st.composite
+def log_buffer(draw: Any) -> bytes:
+    recs = encoded_records(draw, draw(st.integers(0, 6)))
+    buf = bytearray(b"".join(recs))
+    for _ in range(draw(st.integers(0, 3))):
+        if buf:
+            i = draw(st.integers(0, len(buf) - 1))
+            buf[i] = draw(st.integers(0, 255))
+    if draw(st.booleans()):
+        buf = buf[:draw(st.integers(0, len(buf)))]
+    if draw(st.integers(0, 5)) == 0:
+        buf += draw(st.binary(max_size=80))
+    return bytes(buf)
+
+
+@SETTINGS
+@given(log_buffer(), st.integers(0, 2**40), st.booleans(), st.integers(0, 8))
+def test_scan_rows(buf: bytes, base: int, verify: bool, max_records: int) -> None:
+    same(c.scan_rows, ref.scan_rows, buf, base, verify, max_records)
+
+
+def test_scan_rows_stops_at_a_newer_version_not_as_damage() -> None:
+    recs, *_ = ref.encode_produce([{"body": b"a"}, {"body": b"b"}], b"t", NOW, 1, LIMITS, None)
+    rec = bytearray(recs)
+    first = struct.unpack_from("<I", rec)[0]
+    rec[first + 8] = 2  # the second record: version 2 ...
+    struct.pack_into("<I", rec, first + 4, zlib.crc32(rec[first + 8:]))  # ... with a correct CRC
+    for impl in (c, ref):
+        rows, consumed, outcome = impl.scan_rows(bytes(rec), 0, True, 10)
+        assert (len(rows) // ref.MROW, consumed, outcome) == (1, first, ref.SCAN_VERSION)
+
+
+# ---------------------------------------------------------------------------------- enqueue-put
+PRECISION, NSLOTS = 1000, 64
+HDR = WHEEL_HEADER.size
+
+
+@st.composite
+def index_case(draw: Any) -> dict[str, Any]:
+    n = draw(st.integers(0, 12))
+    base_seq = draw(st.integers(0, 50))
+    load_time = draw(st.integers(0, 40)) * PRECISION
+    rows, entries = [], bytearray(ENTRY.size * (n + 4))
+    for i in range(n):
+        seq = base_seq + i
+        off = draw(st.integers(0, 10_000))
+        deliver_at = load_time + draw(st.integers(-3000, 70_000))
+        rtype = draw(st.sampled_from([1] * 12 + [2, 3, 4, 9]))
+        state = draw(st.sampled_from([1] * 12 + [0, 2, 3]))
+        eoff = off if draw(st.integers(0, 12)) else off + 1
+        ENTRY.pack_into(entries, i * ENTRY.size, state, draw(st.integers(0, 3)), 0, 77, eoff)
+        rows.append(ref.MROW_FMT.pack(seq, deliver_at, off, 77, 0xABCD, draw(st.integers(0, 9)), 0, rtype,
+                                      draw(st.integers(0, 1))))
+    wheel = bytearray(HDR + NSLOTS * SLOT.size)
+    for _ in range(draw(st.integers(0, 6))):
+        k = draw(st.integers(0, NSLOTS - 1))
+        t = draw(st.sampled_from([k * PRECISION, (k + NSLOTS) * PRECISION, 5]))
+        SLOT.pack_into(wheel, HDR + k * SLOT.size, t, draw(st.integers(0, 500)) * UNIT_SIZE,
+                       draw(st.integers(0, 500)) * UNIT_SIZE, draw(st.integers(-1, 5)), draw(st.integers(0, 7)))
+    spans_cut = draw(st.sampled_from([n + 4] * 6 + list(range(n + 4))))
+    valid = spans_cut * ENTRY.size if draw(st.integers(0, 5)) else draw(st.integers(0, spans_cut * ENTRY.size))
+    return {
+        "rows": b"".join(rows), "start": draw(st.sampled_from([0, 0, 0]) | st.integers(0, n)),
+        "spans": [Span(base_seq, entries[:spans_cut * ENTRY.size], valid)],
+        "wheel": wheel, "counts": bytearray(4 * NSLOTS), "load_time": load_time,
+        "window_end": load_time + draw(st.sampled_from([80_000] * 4) | st.integers(0, 80_000)),
+        "unsafe_from": load_time + draw(st.sampled_from([NSLOTS * PRECISION] * 4) | st.integers(0, NSLOTS * PRECISION)),
+        "tlog_pos": draw(st.integers(0, 1000)) * UNIT_SIZE, "now": load_time + draw(st.integers(-500, 500)),
+        "max_units": draw(st.sampled_from([14] * 4) | st.integers(0, 14)),
+    }
+
+
+@SETTINGS
+@given(index_case())
+def test_index_rows(case: dict[str, Any]) -> None:
+    results = []
+    for impl in (c, ref):
+        k = copy.deepcopy(case)
+        out = impl.index_rows(k["rows"], k["start"], k["spans"], k["wheel"], HDR, PRECISION, NSLOTS, k["counts"],
+                              k["load_time"], k["window_end"], k["unsafe_from"], k["tlog_pos"], k["now"],
+                              k["max_units"])
+        impl.put_slots(k["wheel"], HDR, PRECISION, NSLOTS, out[2])
+        results.append((out, bytes(k["wheel"]), bytes(k["counts"]), span_states(k["spans"])))
+    assert results[0] == results[1]
+
+
+def test_index_rows_rejects_wrong_sizes() -> None:
+    for impl in (c, ref):
+        with pytest.raises((ValueError, struct.error, IndexError)):
+            impl.index_rows(b"x" * 39, 0, [], bytearray(HDR + NSLOTS * SLOT.size), HDR, PRECISION, NSLOTS,
+                            bytearray(4 * NSLOTS), 0, 0, 0, 0, 0, 10)
+
+
+# ---------------------------------------------------------------------------------- dequeue-get
+@st.composite
+def chain_case(draw: Any) -> tuple[bytes, int, int, list[tuple[int, int]]]:
+    """A TimerLog region holding a slot's chain (with DELETE markers and damage) and the windows
+    a walker reads it through."""
+    slot_time = draw(st.integers(0, 100)) * PRECISION
+    n = draw(st.integers(0, 10))
+    base = draw(st.integers(0, 20)) * UNIT_SIZE
+    units, prev = [], -1
+    for i in range(n):
+        magic = draw(st.sampled_from([1] * 30 + [2, 2, 4, 4, 4, 0, 9]))
+        fire = slot_time + draw(st.integers(0, PRECISION - 1)) if draw(st.integers(0, 40)) else slot_time - 1
+        seq = draw(st.integers(1, 6))
+        units.append(UNIT.pack(UNIT_SIZE if draw(st.integers(0, 40)) else 51, prev, magic, fire - 7, 7,
+                               draw(st.integers(0, 1000)) if draw(st.integers(0, 40)) else -1, 80, 3, seq))
+        prev = base + i * UNIT_SIZE
+    buf = bytearray(b"".join(units))
+    if buf and draw(st.integers(0, 8)) == 0:
+        buf[draw(st.integers(0, len(buf) - 1))] ^= 0xFF
+    last = prev if draw(st.integers(0, 6)) else draw(st.integers(-1, base + len(buf) + 60))
+    windows = []
+    for _ in range(draw(st.integers(1, 4))):
+        lo = draw(st.integers(0, max(0, len(buf))))
+        hi = draw(st.integers(lo, len(buf)))
+        windows.append((lo, hi))
+    windows.append((0, len(buf)))
+    return bytes(buf), base, last, windows
+
+
+@SETTINGS
+@given(chain_case(), st.integers(0, 5))
+def test_walker(case: tuple[bytes, int, int, list[tuple[int, int]]], max_units: int) -> None:
+    buf, base, last, windows = case
+    slot_time = 0
+    for u in range(len(buf) // UNIT_SIZE):
+        enq, delay = struct.unpack_from("<qi", buf, u * UNIT_SIZE + 16)
+        slot_time = (enq + delay) - (enq + delay) % PRECISION
+        break
+    wc, wr = c.Walker(slot_time, PRECISION, last), ref.Walker(slot_time, PRECISION, last)
+    for lo, hi in windows:
+        assert wc.feed(buf[lo:hi], base + lo, max_units) == wr.feed(buf[lo:hi], base + lo, max_units)
+        assert wc.pos == wr.pos
+
+
+# ---------------------------------------------------------------------------------- dequeue-get-message
+@st.composite
+def resolve_case(draw: Any) -> dict[str, Any]:
+    recs = encoded_records(draw, draw(st.integers(0, 6)), first_seq=10)
+    start = draw(st.integers(0, 1000))
+    offsets, buf = [], bytearray()
+    for r in recs:
+        offsets.append(start + len(buf))
+        buf += r
+    if buf and draw(st.integers(0, 3)) == 0:
+        buf[draw(st.integers(0, len(buf) - 1))] ^= 1 << draw(st.integers(0, 7))
+    entries = bytearray(ENTRY.size * 20)
+    units = []
+    for i, (off, r) in enumerate(zip(offsets, recs, strict=True)):
+        seq = 10 + i
+        state = draw(st.sampled_from([1, 1, 1, 2, 3, 0]))
+        eoff = off if draw(st.integers(0, 5)) else off + 3
+        ENTRY.pack_into(entries, (seq - 10) * ENTRY.size, state, 0, 0, len(r), eoff)
+        magic = draw(st.sampled_from([1, 1, 1, 2]))
+        units.append(struct.pack("<q", i * UNIT_SIZE) + UNIT.pack(UNIT_SIZE, -1, magic, 5, 5, off, len(r), 9, seq))
+    reads = []
+    if buf:
+        cut = draw(st.integers(0, len(buf)))
+        reads = [(start, bytes(buf[:cut])), (start + cut, bytes(buf[cut:]))] if draw(st.booleans()) else \
+            [(start, bytes(buf))]
+        if draw(st.integers(0, 4)) == 0:
+            reads = reads[:1]
+    return {"units": b"".join(units), "spans": [Span(10, entries, draw(st.integers(0, len(entries))))],
+            "reads": reads}
+
+
+@SETTINGS
+@given(resolve_case(), st.integers(0, 10**6))
+def test_classify_and_dues(case: dict[str, Any], slot_time: int) -> None:
+    kinds, locs = same(c.classify, ref.classify, case["units"], case["spans"])
+    same(c.dues, ref.dues, case["units"], kinds, case["reads"], slot_time)
+
+
+# ---------------------------------------------------------------------------------- dequeue-put
+due_rows = st.lists(st.tuples(st.integers(-5, 20), st.integers(0, 8), st.integers(0, 50)), max_size=10).map(
+    lambda xs: b"".join(ref.DUE.pack(t, seq, off, 40, seq % 3, 7, 0, 0) for t, seq, off in xs))
+
+
+@SETTINGS
+@given(st.lists(st.tuples(st.sampled_from(["push", "pop"]), due_rows, st.integers(-5, 25), st.integers(0, 6)),
+                max_size=12))
+def test_due_heap(ops: list[tuple[str, bytes, int, int]]) -> None:
+    hc, hr = c.DueHeap(), ref.DueHeap()
+    for op, rows, now, max_n in ops:
+        if op == "push":
+            hc.push(rows)
+            hr.push(rows)
+        else:
+            assert hc.pop(now, max_n) == hr.pop(now, max_n)
+        assert len(hc) == len(hr) and hc.next_due() == hr.next_due()
+
+
+@SETTINGS
+@given(due_rows, st.binary(min_size=16 * 9, max_size=16 * 9), st.integers(0, 16 * 9), st.integers(0, 10**6))
+def test_release_rows_and_set_states(rows: bytes, raw: bytes, valid: int, now: int) -> None:
+    entries = bytearray(raw)
+    for k in range(9):  # mostly SCHEDULED at the row's offset, as the pipeline leaves them
+        if entries[k * 16] % 3:
+            entries[k * 16] = 1
+    states = []
+    for impl in (c, ref):
+        spans = [Span(0, bytearray(entries), valid)]
+        out = impl.release_rows(rows, spans, now)
+        seqs = b"".join(v[1] for v in out.values())
+        missing = impl.set_states(seqs + struct.pack("<Q", 99), spans, 2)
+        states.append((out, missing, span_states(spans)))
+    assert states[0] == states[1]
+
+
+@SETTINGS
+@given(st.lists(st.integers(0, 3000), max_size=20), st.integers(1, 700), st.integers(0, 300))
+def test_seq_runs(seqs: list[int], per: int, gap: int) -> None:
+    same(c.seq_runs, ref.seq_runs, struct.pack(f"<{len(seqs)}Q", *seqs), per, gap)
+
+
+# ---------------------------------------------------------------------------------- garbage in
+@SETTINGS
+@given(st.binary(max_size=200), st.integers(-2**40, 2**40), st.integers(0, 10))
+def test_garbage_is_an_error_or_a_result_never_a_crash(junk: bytes, n: int, k: int) -> None:
+    for f_c, f_ref, args in (
+        (c.scan_rows, ref.scan_rows, (junk, n, True, k)),
+        (c.produced_rows, ref.produced_rows, (junk, junk[:8 * k], 5)),
+        (c.seq_runs, ref.seq_runs, (junk[:8 * (len(junk) // 8)], k + 1, k)),
+    ):
+        same(f_c, f_ref, *args)
+    units = junk[:ref.UROW * (len(junk) // ref.UROW)]
+    kinds = bytes(len(units) // ref.UROW)
+    same(c.classify, ref.classify, units, [Span(0, bytearray(junk[:64]), 64)])
+    same(c.dues, ref.dues, units, bytes(b % 3 for b in kinds), [(n, junk)], 7)
+    wc, wr = c.Walker(0, PRECISION, n % 400), ref.Walker(0, PRECISION, n % 400)
+    assert wc.feed(junk, 0, k) == wr.feed(junk, 0, k)
+    for impl in (c, ref):
+        with pytest.raises(ValueError):
+            impl.DueHeap().push(junk + b"x" if len(junk) % ref.DROW == 0 else junk)
+
+
+def test_record_types_match() -> None:
+    assert [int(t) for t in RecordType] == [1, 2, 3, 4]
+    assert msgpack.packb({"a": "b"}) == b"\x81\xa1a\xa1b"
+
+
+# ---------------------------------------------------------------------------------- pull
+@st.composite
+def pull_case(draw: Any) -> dict[str, Any]:
+    recs = encoded_records(draw, draw(st.integers(0, 6)), first_seq=draw(st.integers(1, 2**40)))
+    if draw(st.integers(0, 3)) == 0:  # a record with headers, some of them long
+        items = [{"body": draw(st.binary(max_size=300)), "headers": draw(st.dictionaries(
+            st.text(max_size=40), st.text(max_size=300), max_size=20))}]
+        r, _sizes, *_ = ref.encode_produce(items, b"t" * draw(st.integers(1, 200)), NOW, 5, LIMITS, None)
+        recs.append(r)
+    start = draw(st.integers(0, 10**6))
+    offsets, buf = [], bytearray()
+    for r in recs:
+        offsets.append(start + len(buf))
+        buf += r
+    if buf and draw(st.integers(0, 4)) == 0:
+        i = draw(st.integers(0, len(buf) - 1))
+        buf[i] ^= 1 << draw(st.integers(0, 7))
+        if draw(st.booleans()):  # damage that keeps the CRC right: only the checks past it see it
+            j = next((k for k, o in enumerate(offsets) if o - start > i), len(offsets)) - 1
+            o = offsets[j] - start
+            struct.pack_into("<I", buf, o + 4, zlib.crc32(buf[o + 8:o + struct.unpack_from("<I", buf, o)[0]]))
+    tokens = draw(st.lists(st.text(max_size=8), min_size=1, max_size=3))
+    rows = []
+    for off, r in zip(offsets, recs, strict=True):
+        seq = struct.unpack_from("<Q", r, 12)[0]
+        rows.append(ref.PULL.pack(off, len(r), 0, 0, draw(st.integers(-5, 2**50)), seq, draw(st.integers(0, 2**40)),
+                                  draw(st.integers(1, 2**32 - 1)), draw(st.integers(0, len(tokens) - 1))))
+    reads = [(start, bytes(buf))] if draw(st.integers(0, 5)) else []
+    return {"rows": b"".join(rows), "prefix": draw(st.sampled_from([b"d-", b"s12-"])), "tokens": tokens,
+            "reads": reads}
+
+
+@SETTINGS
+@given(pull_case())
+def test_encode_pull(case: dict[str, Any]) -> None:
+    got = same(c.encode_pull, ref.encode_pull, case["rows"], case["prefix"], case["tokens"], case["reads"])
+    if got is not None:
+        assert isinstance(msgpack.unpackb(got[0]), dict)
+
+
+receipt = st.one_of(
+    st.builds(lambda node, seq, idx, tok: f"{node}-{seq:x}.{idx:x}.{tok}", st.sampled_from(["d", "s1"]),
+              st.integers(1, 2**64 - 1), st.integers(0, 2**64 - 1), st.text(max_size=6)),
+    st.text(max_size=20), st.sampled_from(["d-1.0x1f.t", "d-1.+1.t", "d-1.01.t", "d-1.F.t", "a.b", "d-1..t",
+                                           "d-1.1.", "d-1.1.\ud800", "x.10000000000000000.t"]),
+    st.integers(), st.none())
+
+
+@SETTINGS
+@given(st.lists(receipt, max_size=8))
+def test_parse_receipts(receipts: list[Any]) -> None:
+    got = same(c.parse_receipts, ref.parse_receipts, receipts)
+    idx, tid, tokens = got
+    for i, r in enumerate(receipts):  # what it decides, it decides as Groups.parse_receipt does
+        if struct.unpack_from("<I", tid, 4 * i)[0] != 0xFFFFFFFF:
+            parts = r.rsplit(".", 2)
+            assert (int(parts[1], 16), parts[2]) == (struct.unpack_from("<Q", idx, 8 * i)[0],
+                                                      tokens[struct.unpack_from("<I", tid, 4 * i)[0]])
+
+
+@SETTINGS
+@given(due_rows, st.integers(-2**40, 2**40))
+def test_lateness(rows: bytes, now: int) -> None:
+    same(c.lateness, ref.lateness, rows, now)
+
+
+@SETTINGS
+@given(st.lists(st.tuples(st.integers(0, 2**64 - 1), st.integers(0, 2**32 - 1)), max_size=12), st.integers(0, 2**40),
+       st.lists(st.integers(0, 30), max_size=6), st.none() | st.lists(st.integers(0, 2**32 - 1), max_size=3),
+       st.integers(0, 12), st.data())
+def test_take_rows(units: list[tuple[int, int]], first: int, exclude: list[int], wanted: list[int] | None,
+                   max_n: int, data: Any) -> None:
+    from delayd.storage.readyqueue import UNIT as READY
+    raw = b"".join(READY.pack(off, 10, data.draw(st.sampled_from(wanted or [0]) | st.integers(0, 3)), 5, 6, seq)
+                   for seq, off in units)
+    ex = sorted({first + e for e in exclude})
+    same(c.take_rows, ref.take_rows, raw, first, struct.pack(f"<{len(ex)}Q", *ex),
+         None if wanted is None else struct.pack(f"<{len(wanted)}I", *wanted), max_n, 1, 0)
+
+
+@SETTINGS
+@given(st.lists(st.tuples(st.integers(0, 2**64 - 1), st.integers(-2**63, 2**63 - 1), st.booleans()), max_size=20),
+       st.sampled_from([b"d-", b"s12-", b"\xc3\xa9-", b'"-']), st.booleans())
+def test_encode_produced(items: list[tuple[int, int, bool]], prefix: bytes, as_json: bool) -> None:
+    n = len(items)
+    args = (struct.pack(f"<{n}Q", *(i[0] for i in items)), struct.pack(f"<{n}q", *(i[1] for i in items)),
+            bytes(i[2] for i in items), prefix, as_json)
+    same(c.encode_produced, ref.encode_produced, *args)
