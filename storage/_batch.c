@@ -749,6 +749,49 @@ static PyObject *scan_rows(PyObject *self, PyObject *args) {
     return Py_BuildValue("(Nni)", rows, (Py_ssize_t)i, outcome);
 }
 
+/* scan_starts(buf, start, verify) -> (starts, end, batch_end, stop)
+ * commitlog.scan_buffer's loop: the whole, valid records from buf[start:] up to the first that is
+ * not. `starts`: each record's position (i64); `end`: where the run ends; `batch_end`: where its
+ * last complete atomic batch ends (a record without CONTINUED closes one); `stop`: 0 END (the
+ * buffer ends on a record boundary), 1 CUT (less than a header left), 2 DAMAGED (a CRC mismatch),
+ * 3 CHECK (the frame or layout is off: the caller's decode() says whether the record is cut,
+ * damaged or of a newer version). */
+static PyObject *scan_starts(PyObject *self, PyObject *args) {
+    PyObject *buf_o;
+    Py_ssize_t start;
+    int verify;
+    if (!PyArg_ParseTuple(args, "Onp", &buf_o, &start, &verify)) return NULL;
+    Buf b;
+    if (buf_get(buf_o, &b, 0, "buf") < 0) return NULL;
+    const uint8_t *buf = b.view.buf;
+    Py_ssize_t n = b.view.len;
+    if (start < 0 || start > n) { buf_release(&b); PyErr_SetString(PyExc_IndexError, "start"); return NULL; }
+    Out o = {0};
+    Py_ssize_t pos = start, batch_end = start;
+    int stop = 0;
+    while (pos <= n - RECORD_HEADER) {
+        const uint8_t *r = buf + pos;
+        uint32_t len = rd32(r);
+        uint64_t fields = (uint64_t)RECORD_HEADER + r[38] + r[39] + rd16(r + 40) + rd16(r + 42) + rd32(r + 44);
+        if (r[8] != RECORD_VERSION || len != fields || len > MAX_RECORD || r[9] < REC_MESSAGE || r[9] > REC_GROUP ||
+            (Py_ssize_t)len > n - pos) {
+            stop = 3;
+            break;
+        }
+        if (verify && crc32_update(0, r + 8, len - 8) != rd32(r + 4)) { stop = 2; break; }
+        uint8_t *w = out_take(&o, 8);
+        if (!w) { buf_release(&b); return NULL; }
+        wri64(w, pos);
+        pos += len;
+        if (!(rd16(r + 10) & FLAG_CONTINUED)) batch_end = pos;
+    }
+    if (stop == 0 && pos < n) stop = 1;
+    buf_release(&b);
+    PyObject *starts = out_bytes(&o);
+    if (!starts) return NULL;
+    return Py_BuildValue("(Nnni)", starts, pos, batch_end, stop);
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* enqueue-put: TimerLog units and wheel slots for a batch of MessageRows                      */
 
@@ -758,9 +801,9 @@ typedef struct {
     uint32_t magic;
 } SlotState;
 
-/* index_rows(rows, start, spans, wheel, header_size, precision, nslots, counts, load_time,
+/* index_rows(rows, start, spans, wheel, header_size, precision, nslots, load_time,
  *            window_end, unsafe_from, tlog_pos, now_ms, max_units)
- *   -> (consumed, units, slots, late)
+ *   -> (consumed, units, slots, late, counts)
  *
  * enqueue-put for MessageRows[start:], in order, as storage.batch.index_rows specifies: a GROUP
  * record is consumed with nothing to index; a MESSAGE whose table entry is SCHEDULED at this
@@ -772,27 +815,28 @@ typedef struct {
  * row: `consumed` says how far it got and the caller's reference path takes the row. Units are
  * returned (not written): the caller appends them to the TimerLog and then applies `slots` (the
  * new state of every slot touched, 32-byte wheel slots) — units reach the file before any slot
- * points at them. `counts` (i32 per slot) and the spans' flags are updated in place. */
+ * points at them. `counts`: the wheel slot index (u32) of every message now counted in its slot,
+ * for the caller to add to the schedule once the units are on file (a batch that fails and is
+ * retried counts once: add_counts). The spans' flag bytes are updated in place. */
 static PyObject *index_rows(PyObject *self, PyObject *args) {
-    PyObject *rows_o, *spans_o, *wheel_o, *counts_o;
+    PyObject *rows_o, *spans_o, *wheel_o;
     Py_ssize_t start, header_size, max_units;
     long long precision, nslots, load_time, window_end, unsafe_from, tlog_pos, now_ms;
-    if (!PyArg_ParseTuple(args, "OnOOnLLOLLLLLn", &rows_o, &start, &spans_o, &wheel_o, &header_size, &precision,
-                          &nslots, &counts_o, &load_time, &window_end, &unsafe_from, &tlog_pos, &now_ms, &max_units))
+    if (!PyArg_ParseTuple(args, "OnOOnLLLLLLLn", &rows_o, &start, &spans_o, &wheel_o, &header_size, &precision,
+                          &nslots, &load_time, &window_end, &unsafe_from, &tlog_pos, &now_ms, &max_units))
         return NULL;
     if (precision <= 0 || nslots <= 0) { PyErr_SetString(PyExc_ValueError, "bad wheel geometry"); return NULL; }
-    Buf rb = {.held = 0}, wb = {.held = 0}, cb = {.held = 0};
+    Buf rb = {.held = 0}, wb = {.held = 0};
     Spans sp = {0};
-    Out units = {0}, late = {0};
+    Out units = {0}, late = {0}, incs = {0};
     Map slots = {0};
     SlotState *states = NULL;
     int64_t *slot_times = NULL;
     PyObject *res = NULL;
-    if (buf_get(rows_o, &rb, 0, "rows") < 0 || buf_get(wheel_o, &wb, 1, "wheel") < 0 ||
-        buf_get(counts_o, &cb, 1, "counts") < 0 || spans_get(spans_o, &sp) < 0)
+    if (buf_get(rows_o, &rb, 0, "rows") < 0 || buf_get(wheel_o, &wb, 0, "wheel") < 0 || spans_get(spans_o, &sp) < 0)
         goto done;
-    if (rb.view.len % MROW || wb.view.len < header_size + nslots * SLOT_SIZE || cb.view.len < nslots * 4) {
-        PyErr_SetString(PyExc_ValueError, "rows, wheel or counts have the wrong size");
+    if (rb.view.len % MROW || header_size < 0 || wb.view.len < header_size + nslots * SLOT_SIZE) {
+        PyErr_SetString(PyExc_ValueError, "rows or wheel have the wrong size");
         goto done;
     }
     Py_ssize_t nrows = rb.view.len / MROW;
@@ -802,8 +846,7 @@ static PyObject *index_rows(PyObject *self, PyObject *args) {
     states = PyMem_Malloc(state_cap * sizeof(SlotState));
     slot_times = PyMem_Malloc(state_cap * sizeof(int64_t));
     if (!states || !slot_times) { PyErr_NoMemory(); goto done; }
-    uint8_t *wheel = wb.view.buf;
-    int32_t *counts = cb.view.buf;
+    const uint8_t *wheel = wb.view.buf;
     int64_t pos = tlog_pos;
     Py_ssize_t i = start, made = 0;
     for (; i < nrows && made < max_units; i++) {
@@ -876,7 +919,9 @@ static PyObject *index_rows(PyObject *self, PyObject *args) {
         pos += UNIT_SIZE;
         made++;
         if (deliver_at >= load_time) {
-            counts[fmod64(floordiv64(deliver_at, precision), nslots)] += 1;
+            uint8_t *c = out_take(&incs, 4);
+            if (!c) goto done;
+            wr32(c, (uint32_t)fmod64(floordiv64(deliver_at, precision), nslots));
             entry[1] = MT_FLAG_SLOT;
         } else {
             entry[1] = 0;
@@ -905,19 +950,48 @@ static PyObject *index_rows(PyObject *self, PyObject *args) {
         wri32(s + 24, states[k].num);
         wr32(s + 28, states[k].magic);
     }
-    PyObject *ub = out_bytes(&units), *lb = ub ? out_bytes(&late) : NULL;
-    if (!ub || !lb) { Py_XDECREF(ub); Py_XDECREF(lb); Py_DECREF(slot_bytes); goto done; }
-    res = Py_BuildValue("(nNNN)", i - start, ub, slot_bytes, lb);
+    PyObject *ub = out_bytes(&units), *lb = ub ? out_bytes(&late) : NULL, *cb = lb ? out_bytes(&incs) : NULL;
+    if (!ub || !lb || !cb) { Py_XDECREF(ub); Py_XDECREF(lb); Py_XDECREF(cb); Py_DECREF(slot_bytes); goto done; }
+    res = Py_BuildValue("(nNNNN)", i - start, ub, slot_bytes, lb, cb);
 done:
     buf_release(&rb);
     buf_release(&wb);
-    buf_release(&cb);
     spans_release(&sp);
     out_free(&units);
     out_free(&late);
+    out_free(&incs);
     map_free(&slots);
     PyMem_Free(states);
     PyMem_Free(slot_times);
+    return res;
+}
+
+/* add_counts(counts, slot_indexes): counts[i] += 1 (i32) for every u32 index (index_rows'
+ * `counts`, once its units are on file). An index out of range is an error, nothing added. */
+static PyObject *add_counts(PyObject *self, PyObject *args) {
+    PyObject *c_o, *i_o;
+    if (!PyArg_ParseTuple(args, "OO", &c_o, &i_o)) return NULL;
+    Buf cb, ib;
+    if (buf_get(c_o, &cb, 1, "counts") < 0) return NULL;
+    if (buf_get(i_o, &ib, 0, "indexes") < 0) { buf_release(&cb); return NULL; }
+    PyObject *res = NULL;
+    Py_ssize_t n = ib.view.len / 4, slots = cb.view.len / 4;
+    const uint8_t *ix = ib.view.buf;
+    int ok = ib.view.len % 4 == 0 && cb.view.len % 4 == 0;
+    for (Py_ssize_t k = 0; ok && k < n; k++) ok = rd32(ix + 4 * k) < (uint64_t)slots;
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "slot index out of range");
+    } else {
+        uint8_t *c = cb.view.buf;
+        for (Py_ssize_t k = 0; k < n; k++) {
+            uint8_t *p = c + 4 * (size_t)rd32(ix + 4 * k);
+            wri32(p, rdi32(p) + 1);
+        }
+        res = Py_None;
+        Py_INCREF(res);
+    }
+    buf_release(&cb);
+    buf_release(&ib);
     return res;
 }
 
@@ -1306,11 +1380,12 @@ static PyTypeObject DueHeapType = {
     .tp_as_sequence = &DueHeap_seq,
 };
 
-/* release_rows(dues, spans, now_ms) -> {topic_hash: (ready_units, seqs)}
+/* release_rows(dues, spans, now_ms) -> {topic_hash: (ready_units, seqs, keyed)}
  * dequeue-put's check and bookkeeping for a batch of DueRows: a message is released once, only
  * while SCHEDULED at the same record (a cancel that arrived meanwhile wins). Per topic hash: the
- * 40-byte ready-queue units (offset, size, tag_hash, deliver_at, released_at, seq) and the u64
- * seqs released. Nothing is marked here: the caller appends each topic's units, then marks them
+ * 40-byte ready-queue units (offset, size, tag_hash, deliver_at, released_at, seq), the u64
+ * seqs released, and the (offset i64, size u32) records of those that have a key (the key index
+ * marks them delivered: their records are read for the keys). Nothing is marked here: the caller appends each topic's units, then marks them
  * with mark_delivered (a full disk fails one topic without marking it). */
 static PyObject *release_rows(PyObject *self, PyObject *args) {
     PyObject *dues_o, *spans_o;
@@ -1321,7 +1396,7 @@ static PyObject *release_rows(PyObject *self, PyObject *args) {
     if (buf_get(dues_o, &db, 0, "dues") < 0) return NULL;
     if (spans_get(spans_o, &sp) < 0) { buf_release(&db); return NULL; }
     Map seen = {0}, topics = {0};
-    Out *outs = NULL, *seqs = NULL;
+    Out *outs = NULL, *seqs = NULL, *keyed = NULL;
     uint32_t *topic_of = NULL;
     PyObject *res = NULL;
     Py_ssize_t n = db.view.len / DROW;
@@ -1329,8 +1404,9 @@ static PyObject *release_rows(PyObject *self, PyObject *args) {
     if (map_init(&seen, (size_t)n) < 0 || map_init(&topics, 8) < 0) goto done;
     outs = PyMem_Calloc((size_t)n + 1, sizeof(Out));
     seqs = PyMem_Calloc((size_t)n + 1, sizeof(Out));
+    keyed = PyMem_Calloc((size_t)n + 1, sizeof(Out));
     topic_of = PyMem_Calloc((size_t)n + 1, sizeof(uint32_t));
-    if (!outs || !seqs || !topic_of) { PyErr_NoMemory(); goto done; }
+    if (!outs || !seqs || !keyed || !topic_of) { PyErr_NoMemory(); goto done; }
     for (Py_ssize_t i = 0; i < n; i++) {
         const uint8_t *d = (const uint8_t *)db.view.buf + i * DROW;
         uint64_t seq = rd64(d + 8);
@@ -1355,22 +1431,30 @@ static PyObject *release_rows(PyObject *self, PyObject *args) {
         wri64(r + 24, now);
         wr64(r + 32, seq);
         wr64(s, seq);
+        if (rd32(d + 36) & ROW_KEYED) {
+            uint8_t *kl = out_take(&keyed[k], 12);
+            if (!kl) goto done;
+            wri64(kl, rdi64(d + 16));
+            wr32(kl + 8, rd32(d + 24));
+        }
     }
     res = PyDict_New();
     if (!res) goto done;
     for (size_t k = 0; k < topics.n; k++) {
         PyObject *key = PyLong_FromUnsignedLong(topic_of[k]);
-        PyObject *a = out_bytes(&outs[k]), *b = out_bytes(&seqs[k]);
-        PyObject *v = (a && b) ? PyTuple_Pack(2, a, b) : NULL;
+        PyObject *a = out_bytes(&outs[k]), *b = out_bytes(&seqs[k]), *kd = out_bytes(&keyed[k]);
+        PyObject *v = (a && b && kd) ? PyTuple_Pack(3, a, b, kd) : NULL;
         int bad = !key || !v || PyDict_SetItem(res, key, v) < 0;
-        Py_XDECREF(key); Py_XDECREF(a); Py_XDECREF(b); Py_XDECREF(v);
+        Py_XDECREF(key); Py_XDECREF(a); Py_XDECREF(b); Py_XDECREF(kd); Py_XDECREF(v);
         if (bad) { Py_CLEAR(res); goto done; }
     }
 done:
     if (outs) for (Py_ssize_t i = 0; i <= n; i++) out_free(&outs[i]);
     if (seqs) for (Py_ssize_t i = 0; i <= n; i++) out_free(&seqs[i]);
+    if (keyed) for (Py_ssize_t i = 0; i <= n; i++) out_free(&keyed[i]);
     PyMem_Free(outs);
     PyMem_Free(seqs);
+    PyMem_Free(keyed);
     PyMem_Free(topic_of);
     map_free(&seen);
     map_free(&topics);
@@ -1425,9 +1509,10 @@ static PyObject *py_crc32(PyObject *self, PyObject *args) {
     return PyLong_FromUnsignedLong(c);
 }
 
-/* seq_runs(seqs, segment_entries, gap) -> list[(segment, lo, hi)]
+/* seq_runs(seqs, segment_entries, gap, stride=8, at=0) -> list[(segment, lo, hi)]
  * The distinct u64 seqs, sorted, cut into runs of one message-table segment whose neighbours
- * are at most `gap` apart: each run is read with one pread (MessageTable.begin_batch). */
+ * are at most `gap` apart: each run is read with one pread (MessageTable.begin_runs). `seqs` is a
+ * buffer of rows of `stride` bytes with the u64 seq `at` that offset in each (8, 0: plain u64s). */
 static int cmp_u64(const void *a, const void *b) {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
     return x < y ? -1 : x > y;
@@ -1436,15 +1521,17 @@ static int cmp_u64(const void *a, const void *b) {
 static PyObject *seq_runs(PyObject *self, PyObject *args) {
     PyObject *o;
     unsigned long long per, gap;
-    if (!PyArg_ParseTuple(args, "OKK", &o, &per, &gap)) return NULL;
+    Py_ssize_t stride = 8, at = 0;
+    if (!PyArg_ParseTuple(args, "OKK|nn", &o, &per, &gap, &stride, &at)) return NULL;
     if (per == 0) { PyErr_SetString(PyExc_ValueError, "segment_entries"); return NULL; }
+    if (stride < 8 || at < 0 || at + 8 > stride) { PyErr_SetString(PyExc_ValueError, "stride/at"); return NULL; }
     Buf b;
     if (buf_get(o, &b, 0, "seqs") < 0) return NULL;
-    if (b.view.len % 8) { buf_release(&b); PyErr_SetString(PyExc_ValueError, "seqs"); return NULL; }
-    Py_ssize_t n = b.view.len / 8;
+    if (b.view.len % stride) { buf_release(&b); PyErr_SetString(PyExc_ValueError, "seqs"); return NULL; }
+    Py_ssize_t n = b.view.len / stride;
     uint64_t *s = PyMem_Malloc((size_t)(n ? n : 1) * 8);
     if (!s) { buf_release(&b); return PyErr_NoMemory(); }
-    memcpy(s, b.view.buf, (size_t)n * 8);
+    for (Py_ssize_t i = 0; i < n; i++) s[i] = rd64((const uint8_t *)b.view.buf + i * stride + at);
     buf_release(&b);
     int sorted = 1;
     for (Py_ssize_t i = 1; i < n && sorted; i++) sorted = s[i - 1] <= s[i];
@@ -1945,8 +2032,10 @@ static PyMethodDef methods[] = {
     {"encode_produce", encode_produce, METH_VARARGS, "validate and encode a produce batch"},
     {"produced_rows", produced_rows, METH_VARARGS, "message-table entries and MessageRows of appended records"},
     {"scan_rows", scan_rows, METH_VARARGS, "decode commit-log records into MessageRows"},
+    {"scan_starts", scan_starts, METH_VARARGS, "commitlog.scan_buffer's loop"},
     {"index_rows", index_rows, METH_VARARGS, "enqueue-put for a batch of MessageRows"},
     {"put_slots", put_slots, METH_VARARGS, "write wheel slots"},
+    {"add_counts", add_counts, METH_VARARGS, "add one to the counts at these slot indexes"},
     {"classify", classify, METH_VARARGS, "dequeue-get-message: which units are live"},
     {"dues", dues, METH_VARARGS, "dequeue-get-message: DueRows from records"},
     {"release_rows", release_rows, METH_VARARGS, "dequeue-put: ready units per topic"},

@@ -5,7 +5,7 @@ Each function takes a batch and returns a batch, and comes twice: compiled in C
 here in Python. The Python version is the reference: it is the specification the C follows, and
 `tests/storage/test_batch_differential.py` checks with hypothesis that both give the same bytes
 for the same input, damaged input included. `ops` is the implementation in use: the compiled one,
-or this one when it is not built or `DELAYD_PURE=1` is set.
+or this module when it is not built or `DELAYD_PURE=1` is set (storage.native decides).
 
 Batches move between stages as rows of fixed size in one bytes object (no Python object per
 message). Their layouts (little-endian):
@@ -45,23 +45,21 @@ entries as the table's 16-byte entries, ready-queue units as the queue's 40-byte
 from __future__ import annotations
 
 import heapq
-import logging
-import os
 import struct
+import sys
 import zlib
 from collections.abc import Sequence
 from types import ModuleType
 from typing import Any, Protocol
 
 import msgpack
-
-from delayd.storage.commitlog import HEADER as RECORD, MAX_RECORD, RECORD_VERSION, RecordFlag, RecordType
+from delayd.storage import native
+from delayd.storage.commitlog import HEADER as RECORD
+from delayd.storage.commitlog import MAX_RECORD, RECORD_VERSION, RecordFlag, RecordType
 from delayd.storage.msgtable import ENTRY, MessageState
 from delayd.storage.readyqueue import UNIT as READY
 from delayd.storage.timerlog import NO_POS, UNIT, UNIT_SIZE, UnitMagic
 from delayd.storage.timerwheel import SLOT
-
-log = logging.getLogger("delayd.storage")
 
 MROW_FMT = struct.Struct("<QqqIIIHBB")
 DUE = struct.Struct("<qQqIIIIq")
@@ -127,10 +125,6 @@ def _i32(buf: Any) -> memoryview:
     return memoryview(buf).cast("B").cast("i")
 
 
-def _itemsize(buf: Any) -> int:
-    return memoryview(buf).itemsize
-
-
 def _need(ok: bool, what: str) -> None:
     if not ok:
         raise ValueError(what)
@@ -153,9 +147,10 @@ def _parse_item(m: Any, now_ms: int, limits: tuple[int, ...]) -> tuple | None:
     if type(b) is bytes:
         body = b
     elif type(b) is str:
-        body = _utf8(b)
-        if body is None:
+        utf8 = _utf8(b)
+        if utf8 is None:
             return None
+        body = utf8
     else:
         return None
     if len(body) > max_body:
@@ -315,7 +310,7 @@ def scan_rows(buf: bytes | memoryview, base: int, verify: bool, max_records: int
     Returns (rows, bytes consumed, outcome): outcome says why it stopped (SCAN_OK: end of buffer or
     max_records; SCAN_TORN, SCAN_CORRUPT, SCAN_VERSION) — whether that is a chunk boundary, a torn
     tail or damage is the caller's call (CommitLog.scan)."""
-    rows = []
+    rows: list[bytes] = []
     i = 0
     outcome = SCAN_OK
     while i < len(buf) and len(rows) < max_records:
@@ -334,15 +329,15 @@ def scan_rows(buf: bytes | memoryview, base: int, verify: bool, max_records: int
 
 # ------------------------------------------------------------------------------------ enqueue-put
 def index_rows(rows: bytes, start: int, spans: Sequence[SpanLike], wheel: Any, header_size: int, precision: int,
-               nslots: int, counts: Any, load_time: int, window_end: int, unsafe_from: int, tlog_pos: int,
-               now_ms: int, max_units: int) -> tuple[int, bytes, bytes, bytes]:
+               nslots: int, load_time: int, window_end: int, unsafe_from: int, tlog_pos: int,
+               now_ms: int, max_units: int) -> tuple[int, bytes, bytes, bytes, bytes]:
     """enqueue-put's common case for MessageRows[start:], in order; returns (consumed, units, slots,
-    late).
+    late, counts).
 
     A GROUP record is consumed with nothing to index. A MESSAGE whose message-table entry is
     SCHEDULED at this record and whose due time is inside the window (`window_end`), in a slot that
     may take a unit (fire before `unsafe_from`, else the slot's previous lap is not dispatched
-    yet), gets a DEFAULT unit: in its own slot (counted in `counts`, flag FLAG_SLOT), or — when its
+    yet), gets a DEFAULT unit: in its own slot (its slot index in `counts`, flag FLAG_SLOT), or — when its
     slot was already loaded (due before `load_time`) — in slot `load_time`, flags 0, plus a DueRow
     in `late` so dequeue-put gets it now. A cancelled MESSAGE loses its flags; one delivered or
     superseded (the table points elsewhere) is consumed as is. Anything else stops the batch at
@@ -351,18 +346,18 @@ def index_rows(rows: bytes, start: int, spans: Sequence[SpanLike], wheel: Any, h
 
     Units are returned, not written: the caller appends them to the TimerLog at `tlog_pos`, then
     writes `slots` (the new state of every slot touched, as 32-byte wheel slots) with put_slots —
-    a unit is on file before a slot points at it. `counts` (i32 per slot) and the spans' flag
+    a unit is on file before a slot points at it — and adds `counts` (u32 slot indexes) to the
+    schedule with add_counts (a batch that fails and is retried counts once). The spans' flag
     bytes are updated in place.
     """
     _need(precision > 0 and nslots > 0, "bad wheel geometry")
-    _need(len(rows) % MROW == 0 and len(wheel) >= header_size + nslots * SLOT.size and len(counts) * _itemsize(counts)
-          >= nslots * 4, "rows, wheel or counts have the wrong size")
+    _need(len(rows) % MROW == 0 and header_size >= 0 and len(wheel) >= header_size + nslots * SLOT.size,
+          "rows or wheel have the wrong size")
     n = len(rows) // MROW
     if not 0 <= start <= n:
         raise IndexError("start")
-    cnt = _i32(counts)
     slots: dict[int, list[int]] = {}
-    units, late = [], []
+    units, late, incs = [], [], []
     pos = tlog_pos
     i = start
     made = 0
@@ -407,7 +402,7 @@ def index_rows(rows: bytes, start: int, spans: Sequence[SpanLike], wheel: Any, h
         pos += UNIT_SIZE
         made += 1
         if deliver_at >= load_time:
-            cnt[deliver_at // precision % nslots] += 1
+            incs.append(deliver_at // precision % nslots)
             span.buf[at + 1] = FLAG_SLOT
         else:
             span.buf[at + 1] = 0
@@ -415,7 +410,18 @@ def index_rows(rows: bytes, start: int, spans: Sequence[SpanLike], wheel: Any, h
         _touch(span, at + 1, at + 2)
         i += 1
     slot_bytes = b"".join(SLOT.pack(st, *s) for st, s in slots.items())
-    return i - start, b"".join(units), slot_bytes, b"".join(late)
+    return i - start, b"".join(units), slot_bytes, b"".join(late), struct.pack(f"<{len(incs)}I", *incs)
+
+
+def add_counts(counts: Any, indexes: bytes) -> None:
+    """counts[i] += 1 (i32) for every u32 slot index (index_rows' `counts`, once its units are on
+    file). An index out of range is an error and nothing is added."""
+    cnt = _i32(counts)
+    _need(len(indexes) % 4 == 0, "slot index out of range")
+    ix = struct.unpack(f"<{len(indexes) // 4}I", indexes)
+    _need(all(i < len(cnt) for i in ix), "slot index out of range")
+    for i in ix:
+        cnt[i] += 1
 
 
 def put_slots(wheel: Any, header_size: int, precision: int, nslots: int, slots: bytes) -> None:
@@ -445,7 +451,7 @@ class Walker:
         """(UnitRows of the live units walked inside `buf` — TimerLog bytes at `buf_pos` — at most
         max_units, outcome): 0 the chain ended, 1 more to come at `pos` (outside `buf`, or past
         max_units), 2 damage at `pos` (not a unit, or a unit of another slot)."""
-        out = []
+        out: list[bytes] = []
         end = buf_pos + len(buf)
         while True:
             if self.pos == NO_POS:
@@ -546,7 +552,7 @@ class DueHeap:
             heapq.heappush(self._h, (deliver_at, seq, row))
 
     def pop(self, now_ms: int, max_n: int) -> bytes:
-        out = []
+        out: list[bytes] = []
         while self._h and len(out) < max_n and self._h[0][0] <= now_ms:
             out.append(heapq.heappop(self._h)[2])
         return b"".join(out)
@@ -558,16 +564,17 @@ class DueHeap:
         return len(self._h)
 
 
-def release_rows(rows: bytes, spans: Sequence[SpanLike], now_ms: int) -> dict[int, tuple[bytes, bytes]]:
+def release_rows(rows: bytes, spans: Sequence[SpanLike], now_ms: int) -> dict[int, tuple[bytes, bytes, bytes]]:
     """dequeue-put's check for DueRows: a message is released once, and only while SCHEDULED at
     the same record (a cancel that arrived meanwhile wins). Per topic hash: (ready-queue units
-    (offset, size, tag_hash, deliver_at, released_at=now_ms, seq), u64 seqs). Nothing is marked:
-    the caller appends each topic's units, then marks them delivered with set_states."""
+    (offset, size, tag_hash, deliver_at, released_at=now_ms, seq), u64 seqs, (offset i64, size u32)
+    of the released ones that have a key). Nothing is marked: the caller appends each topic's
+    units, then marks them delivered with set_states (and the keyed ones in the key index)."""
     _need(len(rows) % DROW == 0, "dues")
     seen: set[int] = set()
-    out: dict[int, tuple[list[bytes], list[bytes]]] = {}
+    out: dict[int, tuple[list[bytes], list[bytes], list[bytes]]] = {}
     for k in range(len(rows) // DROW):
-        deliver_at, seq, off, size, th, tgh, _bits, _st = DUE.unpack_from(rows, k * DROW)
+        deliver_at, seq, off, size, th, tgh, bits, _st = DUE.unpack_from(rows, k * DROW)
         if seq in seen:
             continue
         hit = _span_entry(spans, seq)
@@ -577,10 +584,12 @@ def release_rows(rows: bytes, spans: Sequence[SpanLike], now_ms: int) -> dict[in
         if state != _SCHEDULED or eoff != off:
             continue
         seen.add(seq)
-        units, seqs = out.setdefault(th, ([], []))
+        units, seqs, keyed = out.setdefault(th, ([], [], []))
         units.append(READY.pack(off, size, tgh, deliver_at, now_ms, seq))
         seqs.append(struct.pack("<Q", seq))
-    return {th: (b"".join(u), b"".join(s)) for th, (u, s) in out.items()}
+        if bits & ROW_KEYED:
+            keyed.append(struct.pack("<qI", off, size))
+    return {th: (b"".join(u), b"".join(s), b"".join(k)) for th, (u, s, k) in out.items()}
 
 
 def set_states(seqs: bytes, spans: Sequence[SpanLike], state: int) -> int:
@@ -666,7 +675,9 @@ def parse_receipts(receipts: list[Any]) -> tuple[bytes, bytes, list[str]]:
     """(indexes u64, token ids u32, distinct tokens) of receipts `{id}.{index hex}.{token}`. A
     receipt not in canonical form (lowercase hex without sign or leading zeros, up to 16 digits)
     gets token id 0xFFFFFFFF: the caller's reference parser decides it."""
-    idx, tid, tokens = [], [], []
+    idx: list[int] = []
+    tid: list[int] = []
+    tokens: list[str] = []
     seen: dict[str, int] = {}
     for r in receipts:
         parts = r.rsplit(".", 2) if type(r) is str else []
@@ -698,7 +709,8 @@ def take_rows(units: bytes, first_index: int, exclude: bytes, wanted: bytes | No
     _need(ex == sorted(ex), "exclude must be sorted")
     exs = set(ex)
     want = None if wanted is None else {x for (x,) in struct.iter_unpack("<I", wanted)}
-    rows, skipped = [], []
+    rows: list[bytes] = []
+    skipped: list[bytes] = []
     i, n = 0, len(units) // READY.size
     while i < n and len(rows) < max_n:
         index = first_index + i
@@ -745,12 +757,15 @@ def crc32(data: bytes | memoryview, value: int = 0) -> int:
     return zlib.crc32(data, value)
 
 
-def seq_runs(seqs: bytes, segment_entries: int, gap: int) -> list[tuple[int, int, int]]:
+def seq_runs(seqs: bytes, segment_entries: int, gap: int, stride: int = 8, at: int = 0) -> list[tuple[int, int, int]]:
     """The distinct u64 seqs, sorted, cut into runs within one message-table segment whose
-    neighbours are at most `gap` apart: (segment, first index, last index) per run."""
+    neighbours are at most `gap` apart: (segment, first index, last index) per run
+    (MessageTable.begin_runs reads each with one pread). `seqs` holds rows of `stride` bytes with
+    the u64 seq `at` that offset in each (8, 0: plain u64s)."""
     _need(segment_entries > 0, "segment_entries")
-    _need(len(seqs) % 8 == 0, "seqs")
-    s = sorted(x for (x,) in struct.iter_unpack("<Q", seqs))
+    _need(stride >= 8 and 0 <= at and at + 8 <= stride, "stride/at")
+    _need(len(seqs) % stride == 0, "seqs")
+    s = sorted(struct.unpack_from("<Q", seqs, k * stride + at)[0] for k in range(len(seqs) // stride))
     out = []
     i = 0
     while i < len(s):
@@ -763,19 +778,12 @@ def seq_runs(seqs: bytes, segment_entries: int, gap: int) -> list[tuple[int, int
     return out
 
 
-def _load() -> ModuleType:
-    import sys
-    if os.environ.get("DELAYD_PURE") == "1":
-        return sys.modules[__name__]
-    try:
-        from delayd.storage import _batch
-    except ImportError as e:  # pragma: no cover - the build compiles it; say so if it did not
-        log.warning("compiled batch core unavailable (%s); using the Python reference", e)
-        return sys.modules[__name__]
-    assert (_batch.MROW, _batch.DROW, _batch.UROW, _batch.PROW) == (MROW, DROW, UROW, PROW)
-    assert (_batch.RECORD_HEADER, _batch.UNIT_SIZE, _batch.ENTRY_SIZE, _batch.READY_UNIT, _batch.RECORD_VERSION) == \
+def _check(c: ModuleType) -> ModuleType:
+    assert (c.MROW, c.DROW, c.UROW, c.PROW) == (MROW, DROW, UROW, PROW)
+    assert (c.RECORD_HEADER, c.UNIT_SIZE, c.ENTRY_SIZE, c.READY_UNIT, c.RECORD_VERSION) == \
         (RECORD.size, UNIT_SIZE, ENTRY.size, READY.size, RECORD_VERSION)
-    return _batch
+    return c
 
 
-ops: Any = _load()
+_compiled = native.compiled()
+ops: Any = _check(_compiled) if _compiled is not None else sys.modules[__name__]

@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Protocol
 
 import msgpack
+from delayd.storage import native
 from delayd.storage.bytetable import ByteTable
 from delayd.storage.errors import (
     ChecksumMismatch,
@@ -293,10 +294,32 @@ def scan_buffer(buf: bytes, start: int = 0, *, verify: bool = True) -> BufferSca
     """Every whole, valid record from `buf[start:]` up to the first that is not, in one call.
 
     The per-buffer loop of every bulk reader (the Spark reader builds its Arrow columns from the
-    result; a compiled version can replace this body without touching callers). A record of a
-    newer format version raises UnsupportedVersion; damage stops the run with DAMAGED (the caller
-    resyncs with `find_record`).
+    result). The compiled batch core runs it (`scan_starts`) when it is built; `scan_buffer_py`
+    is the reference both are tested against. A record of a newer format version raises
+    UnsupportedVersion; damage stops the run with DAMAGED (the caller resyncs with `find_record`).
     """
+    c = native.compiled()
+    if c is None:
+        return scan_buffer_py(buf, start, verify=verify)
+    starts, pos, batch_end, code = c.scan_starts(buf, start, verify)
+    stop = _STOPS[code]
+    if stop is None:  # the frame or layout is off: decode() says which (a newer version raises)
+        stop = _classify(buf, pos)
+    return BufferScan(buf, array("q", starts), pos, batch_end, stop)
+
+
+def _classify(buf: bytes, pos: int) -> ScanStop:
+    try:
+        decode(buf, pos, pos, verify=True)
+        return ScanStop.DAMAGED  # (not reached: one of scan_buffer's checks failed)
+    except TornRecord:
+        return ScanStop.CUT
+    except CorruptData:
+        return ScanStop.DAMAGED
+
+
+def scan_buffer_py(buf: bytes, start: int = 0, *, verify: bool = True) -> BufferScan:
+    """scan_buffer in Python: the reference of the compiled `scan_starts`."""
     n = len(buf)
     pos = start
     starts = array("q")
@@ -311,13 +334,7 @@ def scan_buffer(buf: bytes, start: int = 0, *, verify: bool = True) -> BufferSca
         e = pos + length
         if version != RECORD_VERSION or length != HEADER_SIZE + tl + gl + kl + hl + bl or length > MAX_RECORD \
                 or not _FIRST_TYPE <= rtype <= _LAST_TYPE or e > n:
-            try:  # the rare case: let decode() say which (newer version raises, damage stops)
-                decode(buf, pos, pos, verify=True)
-                stop = ScanStop.DAMAGED  # (not reached: one of the checks above failed)
-            except TornRecord:
-                stop = ScanStop.CUT
-            except CorruptData:
-                stop = ScanStop.DAMAGED
+            stop = _classify(buf, pos)  # the rare case: a newer version raises, damage stops
             break
         if verify and crc32(buf[pos + CRC_FROM:e]) != crc:  # a bytes slice: cheaper than a memoryview here
             stop = ScanStop.DAMAGED
@@ -330,6 +347,9 @@ def scan_buffer(buf: bytes, start: int = 0, *, verify: bool = True) -> BufferSca
         if pos < n:
             stop = ScanStop.CUT  # less than a header left
     return BufferScan(buf, starts, pos, batch_end, stop)
+
+
+_STOPS = (ScanStop.END, ScanStop.CUT, ScanStop.DAMAGED, None)  # scan_starts' codes
 
 
 def find_record(data: bytes, start: int, offset: int = 0) -> int | None:

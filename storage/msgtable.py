@@ -40,6 +40,7 @@ starts with an entry, whose state byte is at most 3); 2 — the 32-byte segment 
 
 from __future__ import annotations
 
+import bisect
 import enum
 import os
 from collections.abc import Iterable, Iterator
@@ -77,11 +78,12 @@ BATCH_GAP = 256  # seqs this close share one read in a batch
 
 
 class _Span:
-    """Entries [first, first + len(buf) // 16) of one segment, held in memory by a batch."""
-    __slots__ = ("seg", "first", "buf", "valid", "lo", "hi")
+    """Entries [first, first + len(buf) // 16) of one segment, held in memory by a batch; `base` is
+    the seq of its first entry (the compiled batch core finds entries by it)."""
+    __slots__ = ("seg", "first", "base", "buf", "valid", "lo", "hi")
 
-    def __init__(self, seg: int, first: int, buf: bytearray, valid: int) -> None:
-        self.seg, self.first, self.buf, self.valid = seg, first, buf, valid
+    def __init__(self, seg: int, first: int, base: int, buf: bytearray, valid: int) -> None:
+        self.seg, self.first, self.base, self.buf, self.valid = seg, first, base, buf, valid
         self.lo, self.hi = len(buf), 0  # changed bytes [lo, hi)
 
     def touch(self, lo: int, hi: int) -> None:
@@ -105,8 +107,9 @@ class MessageTable:
         self._fds: dict[int, int] = {}
         self._hdr: dict[int, int] = {}  # segment -> bytes before entry 0 (0: a version-1 file)
         self._dirty: set[int] = set()
-        self._batch: dict[int, tuple[_Span, int]] | None = None  # seq -> (span, byte offset in it)
-        self._spans: list[_Span] = []
+        self._batch = False  # between begin_batch and end_batch
+        self._spans: list[_Span] = []  # the batch's copies, sorted by seq
+        self._bases: list[int] = []  # their first seqs
 
     def _path(self, segment: int) -> Path:
         return self.directory / segment_name(segment)
@@ -114,31 +117,50 @@ class MessageTable:
     # -- batches: the same reads and writes, a few syscalls for many entries ------------------
     def begin_batch(self, seqs: Iterable[int]) -> None:
         """Read the entries of `seqs` with one pread per run of nearby seqs. Until `end_batch`,
-        get/set/set_state/flags/set_flags of those seqs work on the copy in memory (others go
-        to the file as usual); `end_batch` writes the changed bytes back, one pwrite per run."""
-        self.end_batch()
-        index: dict[int, tuple[_Span, int]] = {}
+        get/set/set_state/flags/set_flags of seqs the runs cover work on the copy in memory (others
+        go to the file as usual); `end_batch` writes the changed bytes back, one pwrite per run."""
         ordered = sorted(set(seqs))
         per = self.segment_entries
+        runs = []
         i = 0
         while i < len(ordered):
-            seg, lo = divmod(ordered[i], per)
+            seg = ordered[i] // per
             j = i + 1
             while j < len(ordered) and ordered[j] // per == seg and ordered[j] - ordered[j - 1] <= BATCH_GAP:
                 j += 1
-            fd = self._open(seg, create=False)
-            if fd is not None:
-                hi = ordered[j - 1] % per
-                raw = os.pread(fd, (hi - lo + 1) * ENTRY_SIZE, self._hdr[seg] + lo * ENTRY_SIZE)
-                buf = bytearray(raw)
-                buf.extend(bytes((hi - lo + 1) * ENTRY_SIZE - len(raw)))
-                span = _Span(seg, lo, buf, len(raw))
-                self._spans.append(span)
-                base = seg * per + lo
-                for seq in ordered[i:j]:
-                    index[seq] = (span, (seq - base) * ENTRY_SIZE)
+            runs.append((seg, ordered[i] % per, ordered[j - 1] % per))
             i = j
-        self._batch = index
+        self.begin_runs(runs)
+
+    def begin_runs(self, runs: Iterable[tuple[int, int, int]]) -> None:
+        """begin_batch for runs already cut — (segment, first index, last index), sorted, as the
+        compiled batch core's `seq_runs` cuts a batch's seqs — and `spans` hands the copies to it."""
+        self.end_batch()
+        per = self.segment_entries
+        for seg, lo, hi in runs:
+            fd = self._open(seg, create=False)
+            if fd is None:
+                continue
+            raw = os.pread(fd, (hi - lo + 1) * ENTRY_SIZE, self._hdr[seg] + lo * ENTRY_SIZE)
+            buf = bytearray(raw)
+            buf.extend(bytes((hi - lo + 1) * ENTRY_SIZE - len(raw)))
+            self._spans.append(_Span(seg, lo, seg * per + lo, buf, len(raw)))
+        self._bases = [s.base for s in self._spans]
+        self._batch = True
+
+    @property
+    def spans(self) -> list[_Span]:
+        """The batch's spans, sorted by seq (what the compiled batch functions take)."""
+        return self._spans
+
+    def _find(self, seq: int) -> tuple[_Span, int] | None:
+        """The span (and byte offset in it) holding `seq`'s entry in the current batch."""
+        i = bisect.bisect_right(self._bases, seq) - 1
+        if i < 0:
+            return None
+        span = self._spans[i]
+        at = (seq - span.base) * ENTRY_SIZE
+        return (span, at) if at < len(span.buf) else None
 
     def end_batch(self) -> None:
         try:
@@ -149,7 +171,8 @@ class MessageTable:
                     self._dirty.add(span.seg)
         finally:
             self._spans = []
-            self._batch = None
+            self._bases = []
+            self._batch = False
 
     def _open(self, segment: int, create: bool) -> int | None:
         """The segment's fd (cached), creating the file with its header when `create`; None
@@ -195,8 +218,8 @@ class MessageTable:
 
     def get(self, seq: int) -> tuple[MessageState, int, int, int]:
         """(state, offset, size, roll_count); UNKNOWN when never written or deleted."""
-        if self._batch is not None:
-            hit = self._batch.get(seq)
+        if self._batch:
+            hit = self._find(seq)
             if hit is not None:
                 span, at = hit
                 if at + ENTRY_SIZE > span.valid:
@@ -226,8 +249,9 @@ class MessageTable:
         return fd is not None and os.fstat(fd).st_size >= self._hdr[seg] + (idx + 1) * ENTRY_SIZE
 
     def set(self, seq: int, state: MessageState, offset: int, size: int, roll_count: int = 0) -> None:
-        if self._batch is not None and seq in self._batch:
-            span, at = self._batch[seq]
+        hit = self._find(seq) if self._batch else None
+        if hit is not None:
+            span, at = hit
             ENTRY.pack_into(span.buf, at, state, 0, roll_count, size, offset)
             span.touch(at, at + ENTRY_SIZE)
             return
@@ -237,8 +261,9 @@ class MessageTable:
         self._dirty.add(seg)
 
     def set_state(self, seq: int, state: MessageState) -> None:
-        if self._batch is not None and seq in self._batch:
-            span, at = self._batch[seq]
+        hit = self._find(seq) if self._batch else None
+        if hit is not None:
+            span, at = hit
             span.buf[at] = state
             span.touch(at, at + 1)
             return
@@ -249,8 +274,9 @@ class MessageTable:
 
     def flags(self, seq: int) -> int:
         """The entry's flags byte (storage.schedule.Placed bits), 0 when never written."""
-        if self._batch is not None and seq in self._batch:
-            span, at = self._batch[seq]
+        hit = self._find(seq) if self._batch else None
+        if hit is not None:
+            span, at = hit
             return span.buf[at + 1] if at + 2 <= span.valid else 0
         seg, idx = divmod(seq, self.segment_entries)
         fd = self._open(seg, create=False)
@@ -260,8 +286,9 @@ class MessageTable:
         return raw[0] if raw else 0
 
     def set_flags(self, seq: int, flags: int) -> None:
-        if self._batch is not None and seq in self._batch:
-            span, at = self._batch[seq]
+        hit = self._find(seq) if self._batch else None
+        if hit is not None:
+            span, at = hit
             span.buf[at + 1] = flags
             span.touch(at + 1, at + 2)
             return
@@ -269,6 +296,18 @@ class MessageTable:
         fd = self._fd(seg)
         os.pwrite(fd, bytes((flags,)), self._hdr[seg] + idx * ENTRY_SIZE + 1)
         self._dirty.add(seg)
+
+    def write_entries(self, first_seq: int, entries: bytes) -> None:
+        """Write packed entries (16 bytes each) of consecutive seqs from `first_seq`: one pwrite
+        per segment they span."""
+        seq, i, n = first_seq, 0, len(entries) // ENTRY_SIZE
+        while i < n:
+            seg, idx = divmod(seq, self.segment_entries)
+            k = min(n - i, self.segment_entries - idx)
+            fd = self._fd(seg)
+            os.pwrite(fd, entries[i * ENTRY_SIZE:(i + k) * ENTRY_SIZE], self._hdr[seg] + idx * ENTRY_SIZE)
+            self._dirty.add(seg)
+            seq, i = seq + k, i + k
 
     def set_run(self, first_seq: int, entries: list[tuple[MessageState, int, int, int]]) -> None:
         """Write consecutive entries from `first_seq` with as few syscalls as possible."""

@@ -15,9 +15,6 @@ from typing import Any
 
 import msgpack
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
 from delayd.broker import codec, errors
 from delayd.broker.config import Config
 from delayd.storage import batch as ref
@@ -26,6 +23,8 @@ from delayd.storage.msgtable import ENTRY
 from delayd.storage.timerlog import UNIT, UNIT_SIZE
 from delayd.storage.timerwheel import HEADER as WHEEL_HEADER
 from delayd.storage.timerwheel import SLOT
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 c = pytest.importorskip("delayd.storage._batch", reason="the compiled batch core is built by pip install")
 if c is ref:  # pragma: no cover
@@ -273,10 +272,11 @@ def test_index_rows(case: dict[str, Any]) -> None:
     results = []
     for impl in (c, ref):
         k = copy.deepcopy(case)
-        out = impl.index_rows(k["rows"], k["start"], k["spans"], k["wheel"], HDR, PRECISION, NSLOTS, k["counts"],
+        out = impl.index_rows(k["rows"], k["start"], k["spans"], k["wheel"], HDR, PRECISION, NSLOTS,
                               k["load_time"], k["window_end"], k["unsafe_from"], k["tlog_pos"], k["now"],
                               k["max_units"])
         impl.put_slots(k["wheel"], HDR, PRECISION, NSLOTS, out[2])
+        impl.add_counts(k["counts"], out[4])
         results.append((out, bytes(k["wheel"]), bytes(k["counts"]), span_states(k["spans"])))
     assert results[0] == results[1]
 
@@ -285,7 +285,9 @@ def test_index_rows_rejects_wrong_sizes() -> None:
     for impl in (c, ref):
         with pytest.raises((ValueError, struct.error, IndexError)):
             impl.index_rows(b"x" * 39, 0, [], bytearray(HDR + NSLOTS * SLOT.size), HDR, PRECISION, NSLOTS,
-                            bytearray(4 * NSLOTS), 0, 0, 0, 0, 0, 10)
+                            0, 0, 0, 0, 0, 10)
+        with pytest.raises(ValueError):
+            impl.add_counts(bytearray(4 * NSLOTS), struct.pack("<I", NSLOTS))
 
 
 # ---------------------------------------------------------------------------------- dequeue-get
@@ -407,9 +409,13 @@ def test_release_rows_and_set_states(rows: bytes, raw: bytes, valid: int, now: i
 
 
 @SETTINGS
-@given(st.lists(st.integers(0, 3000), max_size=20), st.integers(1, 700), st.integers(0, 300))
-def test_seq_runs(seqs: list[int], per: int, gap: int) -> None:
-    same(c.seq_runs, ref.seq_runs, struct.pack(f"<{len(seqs)}Q", *seqs), per, gap)
+@given(st.lists(st.integers(0, 3000), max_size=20), st.integers(1, 700), st.integers(0, 300),
+       st.sampled_from([(8, 0), (40, 0), (48, 8), (60, 52), (7, 0), (16, 9)]))
+def test_seq_runs(seqs: list[int], per: int, gap: int, layout: tuple[int, int]) -> None:
+    stride, at = layout
+    rows = b"".join(bytes(at) + struct.pack("<Q", q) + bytes(max(0, stride - at - 8)) for q in seqs) \
+        if stride >= at + 8 else b"x" * stride
+    same(c.seq_runs, ref.seq_runs, rows, per, gap, stride, at)
 
 
 # ---------------------------------------------------------------------------------- garbage in
@@ -526,3 +532,20 @@ def test_encode_produced(items: list[tuple[int, int, bool]], prefix: bytes, as_j
     args = (struct.pack(f"<{n}Q", *(i[0] for i in items)), struct.pack(f"<{n}q", *(i[1] for i in items)),
             bytes(i[2] for i in items), prefix, as_json)
     same(c.encode_produced, ref.encode_produced, *args)
+
+
+@SETTINGS
+@given(log_buffer(), st.integers(0, 40), st.booleans())
+def test_scan_starts_is_scan_buffer(buf: bytes, start: int, verify: bool) -> None:
+    """commitlog.scan_buffer with the compiled loop against its Python reference."""
+    from delayd.storage import commitlog
+    start = min(start, len(buf))
+    try:
+        want = commitlog.scan_buffer_py(buf, start, verify=verify)
+    except Exception as e:  # noqa: BLE001 - a newer version raises in both
+        with pytest.raises(type(e)):
+            commitlog.scan_buffer(buf, start, verify=verify)
+        return
+    got = commitlog.scan_buffer(buf, start, verify=verify)
+    assert (list(got.starts), got.end, got.batch_end, got.stop) == (list(want.starts), want.end, want.batch_end,
+                                                                      want.stop)
