@@ -1,16 +1,18 @@
 """The RIP-43 timer pipeline: five stages linked by bounded queues.
 
     produce ─▶ commit log ─▶ enqueue-get ─▶ enqueue-put ─▶ TimerLog + wheel
-                             RecordBatch      │ DueBatch (late)    │
+                               RowBatch       │ DueBatch (late)    │
     ready queue ◀─ dequeue-put ◀─ dequeue-get-message ◀─ dequeue-get (walks due slots)
                             DueBatch                SlotBatch
 
 A full link makes the stage before it wait; nothing is ever dropped. The commit log absorbs
 bursts: produce only waits for the commit log (and its fsync), indexing catches up. Each link
-carries one named batch type (RocketMQ passes one TimerRequest through every queue). Every stage
-is a small class with a name, an inbox, an outbox, counters and a state (INITIAL, RUNNING,
-WAITING, END), and calls one per-batch method of a storage component (Indexer.index,
-Dispatch.resolve, Dispatch.release).
+carries one named batch type (RocketMQ passes one TimerRequest through every queue), and a batch
+is rows of fixed size in one bytes object (storage.batch: MessageRows, UnitRows, DueRows), never
+a Python object per message. Every stage is a small class with a name, an inbox, an outbox,
+counters and a state (INITIAL, RUNNING, WAITING, END), and calls one per-batch method of a storage
+component (Indexer.index_rows, Dispatch.resolve, Dispatch.release), whose per-message loops run in
+the compiled batch core.
 
 Stopping drains instead of cancelling: the sources (enqueue-get, dequeue-get) stop taking new
 work and close their links, each stage finishes what is in its inbox and closes its own, and
@@ -24,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import enum
-import heapq
 import logging
 import time
 from collections import deque
@@ -33,11 +34,12 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from delayd.broker.clock import Clock
-from delayd.storage.commitlog import Record
+from delayd.storage import batch
+from delayd.storage.batch import DROW, MROW, UROW
+from delayd.storage.dispatch import Released
 from delayd.storage.errors import DiskFull, NotDurable, OutOfDescriptors
 from delayd.storage.segments import DESCRIPTOR_ERRNOS, fsync_all
-from delayd.storage.store import Due, Store
-from delayd.storage.timerlog import Unit
+from delayd.storage.store import Store
 
 log = logging.getLogger("delayd.pipeline")
 
@@ -56,31 +58,31 @@ def transient(e: BaseException) -> bool:
 # ------------------------------------------------------------------------------ batches and links
 
 @dataclass(slots=True)
-class RecordBatch:
-    """enqueue-get → enqueue-put: commit-log records in log order."""
-    records: list[Record]
+class RowBatch:
+    """enqueue-get → enqueue-put: MessageRows of commit-log records, in log order."""
+    rows: bytes
 
     def __len__(self) -> int:
-        return len(self.records)
+        return len(self.rows) // MROW
 
 
 @dataclass(slots=True)
 class SlotBatch:
-    """dequeue-get → dequeue-get-message: a chunk of one slot's units."""
+    """dequeue-get → dequeue-get-message: UnitRows of a chunk of one slot's units."""
     slot_time: int
-    units: list[Unit]
+    units: bytes
 
     def __len__(self) -> int:
-        return len(self.units)
+        return len(self.units) // UROW
 
 
 @dataclass(slots=True)
 class DueBatch:
-    """enqueue-put (late ones) and dequeue-get-message → dequeue-put: messages to release."""
-    dues: list[Due]
+    """enqueue-put (late ones) and dequeue-get-message → dequeue-put: DueRows to release."""
+    rows: bytes
 
     def __len__(self) -> int:
-        return len(self.dues)
+        return len(self.rows) // DROW
 
 
 B = TypeVar("B", bound=Sized)
@@ -230,21 +232,25 @@ class Stage:
 
 
 class EnqueueGet(Stage):
-    """Tails the commit log from the indexed offset and hands records to enqueue-put."""
+    """Tails the commit log from the indexed offset and hands MessageRows to enqueue-put: the rows
+    produce made of what it appended (no second trip through the same bytes), else one read and
+    one compiled scan of the log (cancels, group events, roll copies, recovery)."""
     name = "enqueue_get"
 
-    def __init__(self, store: Store, outbox: Link[RecordBatch], appended: asyncio.Event, batch: int = 2048) -> None:
+    def __init__(self, store: Store, outbox: Link[RowBatch], appended: asyncio.Event, batch: int = 2048) -> None:
         super().__init__()
         self.store, self.outbox, self.appended, self.batch = store, outbox, appended, batch
         self.pos = store.indexed
 
     async def run(self) -> None:
-        commit = self.store.commit
+        store, commit = self.store, self.store.commit
         try:
             while not self.stopping.is_set():
                 self.state = StageState.RUNNING
-                records, pos = commit.read_records(self.pos, self.batch)
-                if not records:
+                rows, pos = store.handed_rows(self.pos)
+                if not rows:
+                    rows, pos = batch.read_rows(commit, self.pos, self.batch, store.next_handed())
+                if not rows:
                     self.appended.clear()
                     if commit.end > self.pos:
                         await asyncio.sleep(0)
@@ -254,18 +260,18 @@ class EnqueueGet(Stage):
                     continue
                 self.pos = pos
                 self.batches += 1
-                self.items += len(records)
-                await self.put(self.outbox, RecordBatch(records))
+                self.items += len(rows) // MROW
+                await self.put(self.outbox, RowBatch(rows))
         finally:
             self.outbox.close()
 
 
 class EnqueuePut(Stage):
-    """Writes TimerLog units and wheel slots (Indexer.index); sends messages whose slot
+    """Writes TimerLog units and wheel slots (Indexer.index_rows); sends messages whose slot
     already passed straight to dequeue-put."""
     name = "enqueue_put"
 
-    def __init__(self, store: Store, inbox: Link[RecordBatch], late: Link[DueBatch], clock: Clock,
+    def __init__(self, store: Store, inbox: Link[RowBatch], late: Link[DueBatch], clock: Clock,
                  inflight: InFlight) -> None:
         super().__init__()
         self.indexer, self.precision_ms = store.indexer, store.cfg.precision_ms
@@ -275,40 +281,38 @@ class EnqueuePut(Stage):
         try:
             while True:
                 self.state = StageState.WAITING
-                batch = await self.inbox.get()
-                if batch is None:
+                got = await self.inbox.get()
+                if got is None:
                     return
                 self.state = StageState.RUNNING
-                if not await self._index(batch.records):
+                if not await self._index(got.rows):
                     return
                 self.batches += 1
         finally:
             self.outbox.close()
 
-    async def _index(self, records: list[Record]) -> bool:
-        while records:
+    async def _index(self, rows: bytes) -> bool:
+        while rows:
             try:
-                result = self.indexer.index(records, self.clock.now_ms())
+                result = self.indexer.index_rows(rows, self.clock.now_ms())
             except TRANSIENT as e:
                 if not transient(e):
                     raise
-                # `indexed` did not move, so the same records are indexed again; a unit that
-                # made it to disk the first time is then there twice, and release drops the
-                # second (it checks the message is still scheduled). Schedule counts were not
-                # applied, so they count once.
+                # Nothing of the batch was indexed (a write that fails half way reports the part
+                # done instead): the same rows are indexed again; schedule counts count once.
                 if not await self.pause(e):
                     return False
                 continue
             if result.late:
-                # Each is also a unit in slot `d.slot_time`, not loaded yet, and dequeue-put
-                # marks it done there when released: count it in flight there until then, or
-                # that release would let the checkpoint's read time pass a slot whose own
-                # units are still held (lost on kill -9: found by the torture test).
-                for d in result.late:
-                    self.inflight.add(d.slot_time, 1)
+                # Each is also a unit in slot `slot_time`, not loaded yet, and dequeue-put marks it
+                # done there when released: count it in flight there until then, or that release
+                # would let the checkpoint's read time pass a slot whose own units are still held
+                # (lost on kill -9: found by the torture test).
+                for slot_time, n in batch.ops.tally(result.late, DROW, 40).items():
+                    self.inflight.add(slot_time, n)
                 await self.put(self.outbox, DueBatch(result.late))
             self.items += result.consumed
-            records = records[result.consumed:]
+            rows = rows[result.consumed * MROW:]
             if result.blocked and await self.sleep(self.precision_ms / 1000):
                 # The slot's previous lap is not dispatched yet (only after a long stop): wait
                 # for dequeue-get to catch up rather than overwrite it. Stopping: redone at start.
@@ -341,8 +345,9 @@ class DequeueGet(Stage):
                 self.inflight.add(t, 1)
                 n = 0
                 for chunk in self.dispatch.open_slot(t, RESOLVE_CHUNK):
-                    self.inflight.add(t, len(chunk))
-                    n += len(chunk)
+                    k = len(chunk) // UROW
+                    self.inflight.add(t, k)
+                    n += k
                     await self.put(self.outbox, SlotBatch(t, chunk))
                     await asyncio.sleep(0)  # a put into a link with room does not yield by itself
                 self.inflight.done(t)
@@ -375,20 +380,20 @@ class DequeueGetMessage(Stage):
         try:
             while True:
                 self.state = StageState.WAITING
-                batch = await self.inbox.get()
-                if batch is None:
+                got = await self.inbox.get()
+                if got is None:
                     return
                 self.state = StageState.RUNNING
-                if not await self._resolve(batch):
+                if not await self._resolve(got):
                     return
         finally:
             self.outbox.close()
 
-    async def _resolve(self, batch: SlotBatch) -> bool:
-        slot_time = batch.slot_time
+    async def _resolve(self, got: SlotBatch) -> bool:
+        slot_time = got.slot_time
         while True:
             try:
-                res = self.dispatch.resolve(batch.units, slot_time)
+                res = self.dispatch.resolve(got.units, slot_time)
                 break
             except TRANSIENT as e:
                 if not transient(e):
@@ -415,10 +420,11 @@ class DequeueGetMessage(Stage):
             self.rolled += 1
             self.appended.set()
         self.dropped += res.dropped
-        self.inflight.done(slot_time, len(batch.units) - len(res.due))
-        self.items += len(batch.units)
+        n, due = len(got), len(res.due) // DROW
+        self.inflight.done(slot_time, n - due)
+        self.items += n
         self.batches += 1
-        if res.due:
+        if due:
             await self.put(self.outbox, DueBatch(res.due))
         await asyncio.sleep(0)  # let dequeue-put release between chunks
         return True
@@ -426,52 +432,45 @@ class DequeueGetMessage(Stage):
 
 class DequeuePut(Stage):
     """Holds due messages until their own `deliver_at` millisecond, then releases them into
-    their topic's ready queue (Dispatch.release). Never early: release needs clock >= deliver_at."""
+    their topic's ready queue (Dispatch.release). Never early: release needs clock >= deliver_at.
+    The messages it holds are DueRows in the compiled core's heap, ordered by (deliver_at, seq)."""
     name = "dequeue_put"
 
     def __init__(self, store: Store, inbox: Link[DueBatch], clock: Clock, inflight: InFlight, capacity: int,
-                 on_release: Callable[[list[Due], int], None]) -> None:
+                 on_release: Callable[[Released, int], None]) -> None:
         super().__init__()
         self.dispatch = store.dispatch
         self.inbox, self.clock, self.inflight = inbox, clock, inflight
         self.capacity, self.on_release = capacity, on_release
-        self.heap: list[tuple[int, int, Due]] = []
-        self.due_now: list[Due] = []  # already due when they arrived: no need for the heap
+        self.heap = batch.ops.DueHeap()
 
     async def run(self) -> None:
-        heap, due_now = self.heap, self.due_now
+        heap = self.heap
         while True:
             now = self.clock.now_ms()
-            while len(heap) + len(due_now) < self.capacity and len(due_now) < RELEASE_BATCH:
-                batch = self.inbox.get_nowait()
-                if batch is None:
+            while len(heap) < self.capacity:
+                got = self.inbox.get_nowait()
+                if got is None:
                     break
-                for d in batch.dues:
-                    if d.deliver_at <= now:
-                        due_now.append(d)
-                    else:
-                        heapq.heappush(heap, (d.deliver_at, d.seq, d))
-            if due_now or (heap and heap[0][0] <= now):
+                heap.push(got.rows)
+            due = heap.pop(now, RELEASE_BATCH)
+            if due:
                 self.state = StageState.RUNNING
-                if not await self._release(now):
+                if not await self._release(due, now):
                     return
                 await asyncio.sleep(0)
                 continue
             if self.inbox.closed and not len(self.inbox):
                 return  # drained: what is held for later stays in the wheel (walked again at start)
             self.state = StageState.WAITING
-            timeout = None if not heap else max(0.0, (heap[0][0] - now) / 1000)
+            next_due = heap.next_due()
+            timeout = None if next_due is None else max(0.0, (next_due - now) / 1000)
             if len(heap) >= self.capacity:
                 await asyncio.sleep(timeout or 0)
             else:
                 await self.inbox.wait(timeout)
 
-    async def _release(self, now: int) -> bool:
-        heap, due_now = self.heap, self.due_now
-        due: list[Due] = due_now[:RELEASE_BATCH]
-        del due_now[:RELEASE_BATCH]
-        while heap and heap[0][0] <= now and len(due) < RELEASE_BATCH:
-            due.append(heapq.heappop(heap)[2])
+    async def _release(self, due: bytes, now: int) -> bool:
         try:
             released = self.dispatch.release(due, now)
         except TRANSIENT as e:
@@ -479,20 +478,19 @@ class DequeuePut(Stage):
                 raise
             # What was released before the failing topic is marked delivered (a retry drops it);
             # the rest was not queued: hold them all and retry.
-            for d in due:
-                heapq.heappush(heap, (d.deliver_at, d.seq, d))
+            self.heap.push(due)
             return await self.pause(e)
-        for d in due:
-            self.inflight.done(d.slot_time)
-        self.items += len(released)
+        for slot_time, n in batch.ops.tally(due, DROW, 40).items():
+            self.inflight.done(slot_time, n)
+        self.items += released.count
         self.batches += 1
-        if released:
+        if released.count:
             self.on_release(released, now)
         return True
 
     @property
     def holding(self) -> int:
-        return len(self.heap) + len(self.due_now)
+        return len(self.heap)
 
 
 # ------------------------------------------------------------------------------ group commit
@@ -573,12 +571,12 @@ class Pipeline:
     """The five stages, their links, and the tasks that run them."""
 
     def __init__(self, store: Store, clock: Clock, *, lookahead_ms: int, queue_batches: int,
-                 release_capacity: int, on_release: Callable[[list[Due], int], None]) -> None:
+                 release_capacity: int, on_release: Callable[[Released, int], None]) -> None:
         self.store = store
         self.clock = clock
         self.appended = asyncio.Event()
         self.inflight = InFlight(store)
-        self.records: Link[RecordBatch] = Link("enqueue_put", queue_batches)
+        self.records: Link[RowBatch] = Link("enqueue_put", queue_batches)
         self.units: Link[SlotBatch] = Link("dequeue_get_message", queue_batches)
         # Two producers: enqueue-put (late ones) and dequeue-get-message.
         self.dues: Link[DueBatch] = Link("dequeue_put", queue_batches * 4, producers=2)

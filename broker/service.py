@@ -11,6 +11,7 @@ import enum
 import logging
 import re
 import time
+from array import array
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,17 +26,22 @@ from delayd.broker.groups import Delivery, Group, Groups, decode_event, encode_e
 from delayd.broker.pipeline import GroupCommit, Pipeline
 from delayd.broker.push import Pusher, PushOutcome
 from delayd.broker.pushconfig import PushConfig
+from delayd.storage import batch
 from delayd.storage.browse import Page, Query
 from delayd.storage.commitlog import Record
 from delayd.storage.datadir import DataDir
+from delayd.storage.dispatch import Released
 from delayd.storage.errors import OutOfDescriptors, StorageError
 from delayd.storage.msgtable import MessageState
+from delayd.storage.readyqueue import UNIT_DELIVER_AT
+from delayd.storage.readyqueue import UNIT_SIZE as READY_UNIT
 from delayd.storage.recovery import recover
-from delayd.storage.store import Due, NewMessage, Store
+from delayd.storage.store import NewMessage, Store
 
 log = logging.getLogger("delayd.broker")
 
 ID_NUMBER = re.compile(r"[1-9a-f][0-9a-f]{0,15}")
+LATENESS_SAMPLE = 10_000  # the last this many released messages' lateness: stats' p50/p99/max
 LIST_CATCH_UP_S = 1.0  # how long a listing waits for indexing to catch up with earlier produces
 STATE_NAMES = {MessageState.SCHEDULED: "scheduled", MessageState.DELIVERED: "delivered",
                MessageState.CANCELLED: "cancelled"}
@@ -72,8 +78,8 @@ class Broker:
         self.committer: GroupCommit | None = None
         self.recovery_seconds = 0.0
         self.recovery_line = ""
-        self.lateness: deque[int] = deque(maxlen=10_000)
-        # metrics hooks: objects with on_release(dues, now) and on_push(topic, group, outcome, seconds)
+        self.lateness: deque[int] = deque(maxlen=LATENESS_SAMPLE)
+        # metrics hooks: objects with on_release(released, now) and on_push(topic, group, outcome, seconds)
         self.listeners: list[Any] = []
         self.fsync_listeners: list[Callable[[float], None]] = []  # each commit-log fsync's seconds
         self.pusher: Pusher | None = None
@@ -489,16 +495,16 @@ class Broker:
         self.pipeline.appended.set()
 
     # ---------------------------------------------------------------------------------- release
-    def _on_release(self, dues: list[Due], now: int) -> None:
+    def _on_release(self, released: Released, now: int) -> None:
+        """A release batch: wake the topics' consumers and push workers, keep the lateness
+        sample (the units' release time minus their due time, computed by the batch core)."""
         assert self.groups is not None
-        topics = set()
-        for d in dues:
-            self.lateness.append(now - d.deliver_at)
-            topics.add(d.topic)
-        for t in topics:
-            self.groups.notify(t)
+        for topic, _first, units in released.batches:
+            self.lateness.extend(array("q", batch.ops.lateness(units[-READY_UNIT * LATENESS_SAMPLE:], READY_UNIT,
+                                                                 UNIT_DELIVER_AT, now)))
+            self.groups.notify(topic)
         for listener in self.listeners:
-            listener.on_release(dues, now)
+            listener.on_release(released, now)
 
     def _on_fsync(self, seconds: float) -> None:
         for listener in self.fsync_listeners:

@@ -2007,20 +2007,119 @@ done:
     return res;
 }
 
-/* lateness(dues, now_ms) -> bytes: now_ms - deliver_at of every DueRow (i64 each). */
+/* lateness(rows, stride, at, now_ms) -> bytes: now_ms - the i64 due time `at` that offset of every
+ * row of `stride` bytes (i64 each): DueRows (48, 0) or ready-queue units (40, 16). */
 static PyObject *lateness(PyObject *self, PyObject *args) {
     PyObject *o;
+    Py_ssize_t stride, at;
     long long now;
-    if (!PyArg_ParseTuple(args, "OL", &o, &now)) return NULL;
+    if (!PyArg_ParseTuple(args, "OnnL", &o, &stride, &at, &now)) return NULL;
+    if (stride < 8 || at < 0 || at + 8 > stride) { PyErr_SetString(PyExc_ValueError, "stride/at"); return NULL; }
     Buf b;
-    if (buf_get(o, &b, 0, "dues") < 0) return NULL;
-    if (b.view.len % DROW) { buf_release(&b); PyErr_SetString(PyExc_ValueError, "dues"); return NULL; }
-    Py_ssize_t n = b.view.len / DROW;
+    if (buf_get(o, &b, 0, "rows") < 0) return NULL;
+    if (b.view.len % stride) { buf_release(&b); PyErr_SetString(PyExc_ValueError, "rows"); return NULL; }
+    Py_ssize_t n = b.view.len / stride;
     PyObject *out = PyBytes_FromStringAndSize(NULL, n * 8);
     if (out) {
         uint8_t *p = (uint8_t *)PyBytes_AS_STRING(out);
-        for (Py_ssize_t i = 0; i < n; i++) wri64(p + 8 * i, now - rdi64((const uint8_t *)b.view.buf + i * DROW));
+        for (Py_ssize_t i = 0; i < n; i++) wri64(p + 8 * i, now - rdi64((const uint8_t *)b.view.buf + i * stride + at));
     }
+    buf_release(&b);
+    return out;
+}
+
+/* bucket_counts(values, bounds) -> (counts, total): how many i64 `values` fall in each bucket
+ * (value <= bounds[k], the first such k; the last count is past every bound: +Inf), and their
+ * sum — a Prometheus histogram's observations of a whole batch at once. `bounds` ascending i64s. */
+static PyObject *bucket_counts(PyObject *self, PyObject *args) {
+    PyObject *o, *bounds_o;
+    if (!PyArg_ParseTuple(args, "OO", &o, &bounds_o)) return NULL;
+    Buf b, bb;
+    if (buf_get(o, &b, 0, "values") < 0) return NULL;
+    if (buf_get(bounds_o, &bb, 0, "bounds") < 0) { buf_release(&b); return NULL; }
+    PyObject *res = NULL;
+    Py_ssize_t n = b.view.len / 8, nb = bb.view.len / 8;
+    long long *counts = NULL;
+    if (b.view.len % 8 || bb.view.len % 8) { PyErr_SetString(PyExc_ValueError, "values/bounds"); goto done; }
+    for (Py_ssize_t k = 1; k < nb; k++)
+        if (rdi64((const uint8_t *)bb.view.buf + 8 * k) < rdi64((const uint8_t *)bb.view.buf + 8 * (k - 1))) {
+            PyErr_SetString(PyExc_ValueError, "bounds must ascend");
+            goto done;
+        }
+    counts = PyMem_Calloc((size_t)nb + 1, sizeof(long long));
+    if (!counts) { PyErr_NoMemory(); goto done; }
+    long long total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t v = rdi64((const uint8_t *)b.view.buf + 8 * i);
+        Py_ssize_t lo = 0, hi = nb;  /* the first bound >= v */
+        while (lo < hi) {
+            Py_ssize_t mid = (lo + hi) / 2;
+            if (rdi64((const uint8_t *)bb.view.buf + 8 * mid) < v) lo = mid + 1; else hi = mid;
+        }
+        counts[lo]++;
+        total += v;
+    }
+    PyObject *list = PyList_New(nb + 1);
+    if (!list) goto done;
+    for (Py_ssize_t k = 0; k <= nb; k++) {
+        PyObject *c = PyLong_FromLongLong(counts[k]);
+        if (!c) { Py_DECREF(list); goto done; }
+        PyList_SET_ITEM(list, k, c);
+    }
+    res = Py_BuildValue("(NL)", list, total);
+done:
+    PyMem_Free(counts);
+    buf_release(&b);
+    buf_release(&bb);
+    return res;
+}
+
+/* unit_bounds(units) -> (lowest commit offset, latest release time) of packed 40-byte ready-queue
+ * units (what ready-queue retention keeps per segment); (1 << 62, 0) for none. */
+static PyObject *unit_bounds(PyObject *self, PyObject *arg) {
+    Buf b;
+    if (buf_get(arg, &b, 0, "units") < 0) return NULL;
+    if (b.view.len % READY_UNIT) { buf_release(&b); PyErr_SetString(PyExc_ValueError, "units"); return NULL; }
+    int64_t lo = (int64_t)1 << 62, hi = 0;
+    for (Py_ssize_t k = 0; k < b.view.len / READY_UNIT; k++) {
+        const uint8_t *u = (const uint8_t *)b.view.buf + k * READY_UNIT;
+        int64_t off = rdi64(u), rel = rdi64(u + 24);
+        if (off < lo) lo = off;
+        if (rel > hi) hi = rel;
+    }
+    buf_release(&b);
+    return Py_BuildValue("(LL)", (long long)lo, (long long)hi);
+}
+
+/* tally(rows, stride, at) -> {value: count} of the i64 field `at` that offset in rows of `stride`
+ * bytes (dequeue-put's in-flight accounting: DueRows per slot). */
+static PyObject *tally(PyObject *self, PyObject *args) {
+    PyObject *o;
+    Py_ssize_t stride, at;
+    if (!PyArg_ParseTuple(args, "Onn", &o, &stride, &at)) return NULL;
+    if (stride < 8 || at < 0 || at + 8 > stride) { PyErr_SetString(PyExc_ValueError, "stride/at"); return NULL; }
+    Buf b;
+    if (buf_get(o, &b, 0, "rows") < 0) return NULL;
+    PyObject *out = NULL;
+    if (b.view.len % stride) { PyErr_SetString(PyExc_ValueError, "rows"); goto done; }
+    out = PyDict_New();
+    if (!out) goto done;
+    Py_ssize_t nrows = b.view.len / stride;
+    for (Py_ssize_t k = 0; k < nrows;) {  /* runs of one value: a dict update per run, not per row */
+        int64_t cur = rdi64((const uint8_t *)b.view.buf + k * stride + at);
+        Py_ssize_t j = k + 1;
+        while (j < nrows && rdi64((const uint8_t *)b.view.buf + j * stride + at) == cur) j++;
+        PyObject *key = PyLong_FromLongLong(cur);
+        PyObject *old = key ? PyDict_GetItemWithError(out, key) : NULL;
+        long long add = (long long)(j - k) + (old ? PyLong_AsLongLong(old) : 0);
+        PyObject *val = (key && !PyErr_Occurred()) ? PyLong_FromLongLong(add) : NULL;
+        int bad = !val || PyDict_SetItem(out, key, val) < 0;
+        Py_XDECREF(key);
+        Py_XDECREF(val);
+        if (bad) { Py_CLEAR(out); goto done; }
+        k = j;
+    }
+done:
     buf_release(&b);
     return out;
 }
@@ -2043,7 +2142,10 @@ static PyMethodDef methods[] = {
     {"seq_runs", seq_runs, METH_VARARGS, "runs of seqs for batched message-table reads"},
     {"encode_pull", encode_pull, METH_VARARGS, "the msgpack answer of a pull"},
     {"parse_receipts", parse_receipts, METH_VARARGS, "indexes and tokens of receipts"},
-    {"lateness", lateness, METH_VARARGS, "now - deliver_at of DueRows"},
+    {"lateness", lateness, METH_VARARGS, "now - the due time of rows"},
+    {"bucket_counts", bucket_counts, METH_VARARGS, "histogram buckets of a batch of values"},
+    {"unit_bounds", unit_bounds, METH_O, "lowest commit offset and latest release of ready units"},
+    {"tally", tally, METH_VARARGS, "count the values of an i64 field of rows"},
     {"take_rows", take_rows, METH_VARARGS, "a group's new messages from its cursor, as PullRows"},
     {"encode_produced", encode_produced, METH_VARARGS, "the answer of a produce"},
     {NULL, NULL, 0, NULL},

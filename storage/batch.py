@@ -58,6 +58,7 @@ from delayd.storage.commitlog import HEADER as RECORD
 from delayd.storage.commitlog import MAX_RECORD, RECORD_VERSION, RecordFlag, RecordType
 from delayd.storage.msgtable import ENTRY, MessageState
 from delayd.storage.readyqueue import UNIT as READY
+from delayd.storage.readyqueue import bounds_py
 from delayd.storage.timerlog import NO_POS, UNIT, UNIT_SIZE, UnitMagic
 from delayd.storage.timerwheel import SLOT
 
@@ -70,6 +71,7 @@ ROW_KEYED = 1
 FLAG_SLOT = 1  # message-table flags bit: counted in the per-slot schedule (storage/store.py)
 
 SCAN_OK, SCAN_TORN, SCAN_CORRUPT, SCAN_VERSION = 0, 1, 2, 3
+SCAN_READ = 1 << 20  # read_rows reads at most this much of the log at once
 KIND_DROP, KIND_DUE, KIND_ROLL = 0, 1, 2
 _FIELDS = frozenset({"body", "body_b64", "delay_ms", "deliver_at", "key", "tag", "headers", "replace"})
 _CONTINUED = int(RecordFlag.CONTINUED)
@@ -325,6 +327,46 @@ def scan_rows(buf: bytes | memoryview, base: int, verify: bool, max_records: int
                                   rtype, ROW_KEYED if kl else 0))
         i += length
     return b"".join(rows), i, outcome
+
+
+def row_of(rec: Any, topic_hash: int | None = None) -> bytes:
+    """The MessageRow of a decoded commit-log record (storage.commitlog.Record)."""
+    th = zlib.crc32(rec.topic.encode()) if topic_hash is None else topic_hash
+    tag = rec.tag.encode() if rec.tag else b""
+    return MROW_FMT.pack(rec.seq, rec.deliver_at, rec.offset, rec.size, th, _tag_hash_bytes(tag), rec.roll_count,
+                         int(rec.type), ROW_KEYED if rec.key else 0)
+
+
+def due_row(deliver_at: int, seq: int, offset: int, size: int, topic_hash: int, tag_hash: int, keyed: bool,
+            slot_time: int) -> bytes:
+    return DUE.pack(deliver_at, seq, offset, size, topic_hash, tag_hash, ROW_KEYED if keyed else 0, slot_time)
+
+
+def unit_row(u: Any) -> bytes:
+    """The UnitRow of a storage.timerlog.Unit."""
+    return UROW_POS.pack(u.pos) + UNIT.pack(UNIT_SIZE, u.prev_pos, int(u.magic), u.enqueue_time, u.delay,
+                                            u.commit_offset, u.commit_size, u.topic_hash, u.seq)
+
+
+def read_rows(commit: Any, pos: int, max_records: int, end: int | None = None) -> tuple[bytes, int]:
+    """enqueue-get: MessageRows of up to `max_records` records from commit-log offset `pos` up to
+    `end` (default: the log's end), not CRC-checked again (the daemon wrote them, or recovery
+    checked them), and the offset after them. One read and one compiled scan per call; where no
+    whole record is at `pos` (one larger than a read, damage to step over, a newer version) the
+    commit log's own scan decides."""
+    files = commit.files
+    stop = files.end if end is None else min(end, files.end)
+    if pos >= stop:
+        return b"", pos
+    base = files.segment_of(pos)
+    seg_end = min(files.segment_end(base), stop)
+    if pos < seg_end:
+        buf = files.read(pos, min(SCAN_READ, seg_end - pos))
+        rows, consumed, _outcome = ops.scan_rows(buf, pos, False, max_records)
+        if consumed:
+            return rows, pos + consumed
+    records, after = commit.read_records(pos, max_records, stop)
+    return b"".join(row_of(r) for r in records), after
 
 
 # ------------------------------------------------------------------------------------ enqueue-put
@@ -745,11 +787,57 @@ def encode_produced(seqs: bytes, deliver_at: bytes, duplicate: bytes, prefix: by
     return msgpack.packb({"messages": msgs}, use_bin_type=True)
 
 
-def lateness(rows: bytes, now_ms: int) -> bytes:
-    """now_ms - deliver_at of every DueRow, i64 each."""
-    _need(len(rows) % DROW == 0, "dues")
-    return struct.pack(f"<{len(rows) // DROW}q", *(now_ms - DUE.unpack_from(rows, k * DROW)[0]
-                                                   for k in range(len(rows) // DROW)))
+def lateness(rows: bytes, stride: int, at: int, now_ms: int) -> bytes:
+    """now_ms minus the i64 due time `at` that offset of every row of `stride` bytes (i64 each):
+    DueRows (DROW, 0) or ready-queue units (40, 16)."""
+    _need(stride >= 8 and 0 <= at and at + 8 <= stride, "stride/at")
+    _need(len(rows) % stride == 0, "rows")
+    n = len(rows) // stride
+    return struct.pack(f"<{n}q", *(now_ms - struct.unpack_from("<q", rows, k * stride + at)[0] for k in range(n)))
+
+
+def bucket_counts(values: bytes, bounds: bytes) -> tuple[list[int], int]:
+    """How many i64 `values` fall in each bucket (value <= bounds[k], the first such k; the last
+    count: past every bound, +Inf) and their sum: a Prometheus histogram's observations of a
+    batch at once. `bounds`: ascending i64s."""
+    _need(len(values) % 8 == 0 and len(bounds) % 8 == 0, "values/bounds")
+    bs = list(struct.unpack(f"<{len(bounds) // 8}q", bounds))
+    _need(bs == sorted(bs), "bounds must ascend")
+    counts = [0] * (len(bs) + 1)
+    total = 0
+    for (v,) in struct.iter_unpack("<q", values):
+        counts[_bisect_left(bs, v)] += 1
+        total += v
+    return counts, total
+
+
+def _bisect_left(a: list[int], x: int) -> int:
+    lo, hi = 0, len(a)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if a[mid] < x:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def unit_bounds(units: bytes) -> tuple[int, int]:
+    """(lowest commit offset, latest release time) of packed ready-queue units; (1 << 62, 0)
+    for none (what ready-queue retention keeps per segment)."""
+    _need(len(units) % READY.size == 0, "units")
+    return bounds_py(units)
+
+
+def tally(rows: bytes, stride: int, at: int) -> dict[int, int]:
+    """{value: count} of the i64 field `at` that offset in rows of `stride` bytes."""
+    _need(stride >= 8 and 0 <= at and at + 8 <= stride, "stride/at")
+    _need(len(rows) % stride == 0, "rows")
+    out: dict[int, int] = {}
+    for k in range(len(rows) // stride):
+        (v,) = struct.unpack_from("<q", rows, k * stride + at)
+        out[v] = out.get(v, 0) + 1
+    return out
 
 
 # ------------------------------------------------------------------------------------ helpers

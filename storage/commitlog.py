@@ -44,6 +44,7 @@ lock, writes and cuts nothing: the mode for tools that read next to a live daemo
 from __future__ import annotations
 
 import enum
+import itertools
 import logging
 import re
 import struct
@@ -440,6 +441,25 @@ class CommitLog:
             self._write(batch, offsets)
         return offsets
 
+    def append_packed(self, data: bytes, sizes: bytes) -> array:
+        """append() for records already packed back to back (`sizes`: each one's length, u32):
+        one write when they fit the segment (the usual case), split between segments as append()
+        does otherwise. Returns each record's offset ('q')."""
+        lens = array("I", sizes)
+        total = len(data)
+        if self.files.remaining() < total <= self.files.segment_bytes:
+            self.files.roll()  # keep a batch in one write (and one segment): a crash leaves all or none
+        if total > self.files.remaining():
+            parts, p = [], 0
+            for n in lens:
+                parts.append(data[p:p + n])
+                p += n
+            return array("q", self.append(parts))
+        pos = self.files.append(data)
+        offsets = array("q", itertools.accumulate(lens, initial=pos))
+        offsets.pop()
+        return offsets
+
     def _write(self, batch: list[bytes], offsets: list[int]) -> None:
         pos = self.files.append(b"".join(batch))
         for data in batch:
@@ -499,11 +519,11 @@ class CommitLog:
                 i += rec.size
             pos += i
 
-    def read_records(self, pos: int, max_records: int) -> tuple[list[Record], int]:
-        """enqueue-get: up to `max_records` records from `pos` (not CRC-checked again: the
-        daemon wrote them, or recovery checked them), and the position after them."""
+    def read_records(self, pos: int, max_records: int, end: int | None = None) -> tuple[list[Record], int]:
+        """enqueue-get: up to `max_records` records from `pos` up to `end` (not CRC-checked again:
+        the daemon wrote them, or recovery checked them), and the position after them."""
         out: list[Record] = []
-        for rec in self.scan(pos, verify=False):
+        for rec in self.scan(pos, end, verify=False):
             out.append(rec)
             if len(out) >= max_records:
                 break

@@ -2,12 +2,12 @@
 
 It owns the dequeue cursor: `load_time_ms` (D, the next slot dequeue-get loads) and
 `read_time_ms` (R as of the last checkpoint: every slot before it was dispatched, durably).
-Each per-batch loop is one method taking a batch and returning a typed result, so a compiled
-implementation can replace a loop body without touching its callers:
+Each per-batch loop is one method taking a batch and returning a typed result; the per-message
+work inside runs in the compiled batch core (storage.batch: `ops`), batches travel as rows:
 
-    open_slot(slot_time, chunk)  -> chunks of Units        (dequeue-get)
-    resolve(units, slot_time)    -> Resolved               (dequeue-get-message)
-    release(dues, now_ms)        -> list[Due] released     (dequeue-put)
+    open_slot(slot_time, chunk)  -> chunks of UnitRows     (dequeue-get: the Walker)
+    resolve(units, slot_time)    -> Resolved               (dequeue-get-message: classify, dues)
+    release(dues, now_ms)        -> Released               (dequeue-put: release_rows, set_states)
 
 Every state check goes to the message table, which is what makes a cancel that races the
 pipeline win and a unit that is stale (its message rolled, was delivered or cancelled) drop out.
@@ -16,19 +16,23 @@ pipeline win and a unit that is stale (its message rolled, was delivered or canc
 from __future__ import annotations
 
 import logging
+import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from delayd.storage import batch
+from delayd.storage.batch import DROW, KIND_DROP, KIND_ROLL, UROW, due_row
 from delayd.storage.commitlog import CommitLog, Record, RecordType, decode, encode
 from delayd.storage.counters import Counters, Total
-from delayd.storage.errors import CorruptData, OutOfDescriptors, StorageError, UnsupportedVersion
+from delayd.storage.errors import CorruptData, Insane, OutOfDescriptors, StorageError, UnsupportedVersion
 from delayd.storage.keyindex import KeyIndex
-from delayd.storage.msgtable import MessageState, MessageTable
-from delayd.storage.readyqueue import tag_hash
+from delayd.storage.msgtable import BATCH_GAP, MessageState, MessageTable
+from delayd.storage.readyqueue import UNIT as READY
+from delayd.storage.readyqueue import ReadyUnit, tag_hash
 from delayd.storage.readyqueues import ReadyQueues
 from delayd.storage.schedule import Schedule
 from delayd.storage.timerindex import TimerIndex
-from delayd.storage.timerlog import Unit, UnitMagic
+from delayd.storage.timerlog import NO_POS, UNIT, UNIT_SIZE, Unit, UnitMagic
 
 log = logging.getLogger("delayd.storage")
 
@@ -38,26 +42,48 @@ _SCHEDULED, _DELIVERED = MessageState.SCHEDULED, MessageState.DELIVERED
 _ROLL_BIT = int(UnitMagic.ROLL)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class Due:
-    """A message leaving the timer: released into its topic's ready queue at `deliver_at`."""
+    """A message leaving the timer, released into its topic's ready queue at `deliver_at`: one
+    DueRow (storage.batch) decoded, for slow paths and tests (the pipeline moves rows)."""
     deliver_at: int
     seq: int
-    topic: str
     commit_offset: int
     commit_size: int
+    topic_hash: int
     tag_hash: int
+    keyed: bool
     slot_time: int
-    key: str | None = None
+
+    @classmethod
+    def rows(cls, rows: bytes) -> list[Due]:
+        return [cls(d, seq, off, size, th, tgh, bool(bits & batch.ROW_KEYED), st)
+                for d, seq, off, size, th, tgh, bits, st in batch.DUE.iter_unpack(rows)]
+
+    def row(self) -> bytes:
+        return due_row(self.deliver_at, self.seq, self.commit_offset, self.commit_size, self.topic_hash,
+                       self.tag_hash, self.keyed, self.slot_time)
 
 
 @dataclass(slots=True)
 class Resolved:
     """What dequeue-get-message made of a chunk of one slot's units (`Dispatch.resolve`)."""
-    due: list[Due] = field(default_factory=list)  # to release at their own millisecond
+    due: bytes = b""  # DueRows: to release at their own millisecond
     roll: list[Record] = field(default_factory=list)  # far messages to re-append (roll forward)
     unreadable: list[tuple[Unit, CorruptData]] = field(default_factory=list)  # record damaged: message lost
     dropped: int = 0  # cancelled, delivered, or a stale unit of a message that rolled since
+
+
+@dataclass(slots=True)
+class Released:
+    """What dequeue-put released (`Dispatch.release`): per topic, the ready-queue units appended
+    (storage.readyqueue.UNIT, packed) and the index of the first."""
+    batches: list[tuple[str, int, bytes]] = field(default_factory=list)  # (topic, first index, units)
+    count: int = 0
+
+    def units(self) -> list[ReadyUnit]:
+        return [ReadyUnit(first + k, *u) for _t, first, units in self.batches
+                for k, u in enumerate(READY.iter_unpack(units))]
 
 
 class Dispatch:
@@ -70,8 +96,8 @@ class Dispatch:
         self.read_time_ms = read_time_ms  # R, durable (set when a checkpoint is saved)
 
     # ---------------------------------------------------------------------------------- dequeue-get
-    def open_slot(self, slot_time: int, chunk: int = 1024) -> Iterator[list[Unit]]:
-        """Take slot `slot_time` (the next one) out of the wheel and walk it in chunks.
+    def open_slot(self, slot_time: int, chunk: int = 1024) -> Iterator[bytes]:
+        """Take slot `slot_time` (the next one) out of the wheel and walk it in chunks of UnitRows.
 
         The slot counts as loaded at once: later units for it go to the next slot. Its chain
         as of now is walked lazily, so a large slot does not hold the event loop.
@@ -81,19 +107,15 @@ class Dispatch:
         return self._walk(slot_time, chunk)
 
     def load_slot(self, slot_time: int) -> list[Unit]:
-        """open_slot, walked whole."""
-        return [u for c in self.open_slot(slot_time) for u in c]
+        """open_slot, walked whole, as Units."""
+        return [unit_of(rows, k) for rows in self.open_slot(slot_time) for k in range(len(rows) // UROW)]
 
-    def _walk(self, slot_time: int, chunk: int) -> Iterator[list[Unit]]:
-        out: list[Unit] = []
-        passed: set[int] = set()
+    def _walk(self, slot_time: int, chunk: int) -> Iterator[bytes]:
+        passed: list[bytes] = []
         try:
-            for u in self.timers.walk(slot_time):
-                out.append(u)
-                if len(out) >= chunk:
-                    passed.update(x.pos for x in out)
-                    yield out
-                    out = []
+            for rows in self._chain_rows(slot_time, chunk):
+                passed.append(rows)
+                yield rows
         except CorruptData as e:
             # A chain that does not hold together: the TimerLog is the truth, rebuild from it
             # and walk the slot again, skipping units already passed on.
@@ -101,38 +123,103 @@ class Dispatch:
             # From the durable read time, not `slot_time`: slots loaded since the checkpoint may
             # still be in flight and are walked again if we crash before the next checkpoint.
             self.timers.rebuild_from_log(self.read_time_ms)
-            out = [u for u in self.timers.walk(slot_time) if u.pos not in passed]
-        if out:
-            yield out
+            done = {struct.unpack_from("<q", rows, k * UROW)[0] for rows in passed for k in range(len(rows) // UROW)}
+            rest = b"".join(rows[k * UROW:(k + 1) * UROW] for rows in self._chain_rows(slot_time, chunk)
+                            for k in range(len(rows) // UROW) if struct.unpack_from("<q", rows, k * UROW)[0] not in done)
+            if rest:
+                yield rest
+
+    def _chain_rows(self, slot_time: int, chunk: int) -> Iterator[bytes]:
+        """The live units of one slot as UnitRows, newest first, DELETE markers applied (a marker
+        is always newer than its target), in chunks of about `chunk`: the compiled Walker over
+        windows of the TimerLog. Damage raises CorruptData."""
+        slot = self.timers.wheel.get(slot_time)
+        if slot.empty:
+            return
+        tlog = self.timers.log
+        walker = batch.ops.Walker(slot_time, self.timers.wheel.precision_ms, slot.last_pos)
+        lo, buf = 0, b""
+        pending: list[bytes] = []
+        have = 0
+        while walker.pos != NO_POS:
+            pos = walker.pos
+            if not (lo <= pos and pos + UNIT_SIZE <= lo + len(buf)):
+                lo, buf = tlog.window(pos)
+            rows, outcome = walker.feed(buf, lo, chunk - have)
+            if rows:
+                pending.append(rows)
+                have += len(rows) // UROW
+                if have >= chunk:
+                    yield b"".join(pending)
+                    pending, have = [], 0
+            if outcome == 2:
+                raise Insane(f"damaged TimerLog unit at {walker.pos} in the chain of slot {slot_time}")
+        if pending:
+            yield b"".join(pending)
 
     # ---------------------------------------------------------------------------------- dequeue-get-message
-    def resolve(self, units: list[Unit], slot_time: int) -> Resolved:
-        """What to do with a chunk of one slot: the message-table entries with one read per run
-        of ids and the records with one read per stretch of the log (a burst of one second is a
-        few long runs, not a million small reads). A record that does not decode is reported in
-        `unreadable`, so one damaged message does not stop the others."""
-        msgs = self.msgs
-        msgs.begin_batch(u.seq for u in units)
+    def resolve(self, units: bytes, slot_time: int) -> Resolved:
+        """What to do with a chunk of one slot's UnitRows: the message-table entries with one
+        read per run of ids, the records with one read per stretch of the log (a burst of one
+        second is a few long runs, not a million small reads), and per message the compiled
+        core's classify and dues. A record that does not decode is reported in `unreadable`, so
+        one damaged message does not stop the others."""
+        ops, msgs = batch.ops, self.msgs
+        msgs.begin_runs(ops.seq_runs(units, msgs.segment_entries, BATCH_GAP, UROW, 8 + 44))
         try:
-            states = [msgs.get(u.seq) for u in units]
+            kinds, locs = ops.classify(units, msgs.spans)
         finally:
             msgs.end_batch()
-        out = Resolved()
-        live = []
-        for u, st in zip(units, states, strict=True):
-            if st[0] == _SCHEDULED and st[1] == u.commit_offset:
-                live.append(u)
+        out = Resolved(dropped=kinds.count(KIND_DROP))
+        if len(kinds) == out.dropped:
+            return out
+        reads = self.read_runs(locs)
+        due, problems = ops.dues(units, kinds, reads, slot_time)
+        extra: list[bytes] = []
+        for i, _outcome in problems:
+            unit = unit_of(units, i)  # not read, or not whole: the commit log's own read decides
+            try:
+                rec = self.commit.read(unit.commit_offset, unit.commit_size)
+            except (UnsupportedVersion, OutOfDescriptors):
+                raise  # newer data, or no descriptor right now: never "unreadable"
+            except StorageError as e:
+                out.unreadable.append((unit, e if isinstance(e, CorruptData) else CorruptData(str(e))))
+                continue
+            extra.append(due_row(rec.deliver_at, rec.seq, rec.offset, rec.size, unit.topic_hash, tag_hash(rec.tag),
+                                 rec.key is not None, slot_time))
+        rolls = [unit_of(units, i) for i, k in enumerate(kinds) if k == KIND_ROLL]
+        for unit, got in zip(rolls, self.read_many([(u.commit_offset, u.commit_size) for u in rolls]), strict=True):
+            if isinstance(got, StorageError):
+                out.unreadable.append((unit, got if isinstance(got, CorruptData) else CorruptData(str(got))))
             else:
-                out.dropped += 1
-        recs = self.read_many([(u.commit_offset, u.commit_size) for u in live])
-        for u, rec in zip(live, recs, strict=True):
-            if isinstance(rec, StorageError):
-                out.unreadable.append((u, rec if isinstance(rec, CorruptData) else CorruptData(str(rec))))
-            elif u.magic & _ROLL_BIT:
-                out.roll.append(rec)
-            else:
-                out.due.append(Due(rec.deliver_at, rec.seq, rec.topic, rec.offset, rec.size, tag_hash(rec.tag),
-                                   slot_time, rec.key))
+                out.roll.append(got)
+        out.due = due + b"".join(extra) if extra else due
+        return out
+
+    def read_runs(self, locs: bytes) -> list[tuple[int, bytes]]:
+        """The stretches of the log that hold the records at `locs` ((offset i64, size u32) each),
+        one read per stretch of at most READ_SPAN with gaps of at most READ_GAP, sorted by offset:
+        what the compiled core's `dues` and `encode_pull` take. A stretch that crosses a segment's
+        end is not read (the core then names its records, and they are read one by one)."""
+        files = self.commit.files
+        spans = sorted(struct.iter_unpack("<qI", locs))
+        out: list[tuple[int, bytes]] = []
+        j = 0
+        while j < len(spans):
+            start, size = spans[j]
+            end = start + size
+            k = j + 1
+            while k < len(spans) and spans[k][0] + spans[k][1] - start <= READ_SPAN and spans[k][0] - end <= READ_GAP:
+                end = max(end, spans[k][0] + spans[k][1])
+                k += 1
+            try:
+                if end <= files.segment_end(files.segment_of(start)):
+                    out.append((start, files.read(start, end - start)))
+            except OutOfDescriptors:
+                raise
+            except StorageError:
+                pass  # a deleted segment: its records are named one by one
+            j = k
         return out
 
     def read_many(self, locations: list[tuple[int, int]]) -> list[Record | StorageError]:
@@ -193,42 +280,47 @@ class Dispatch:
             self.counters.total(Total.UNREADABLE)
 
     # ---------------------------------------------------------------------------------- dequeue-put
-    def release(self, dues: list[Due], now_ms: int) -> list[Due]:
-        """Make due messages visible. Checks the state once more, so a cancel that arrived
-        while the message was in the pipeline still wins. Returns what was released; on
-        DiskFull, what was released before the failing topic stays released (marked
+    def release(self, dues: bytes, now_ms: int) -> Released:
+        """Make due messages (DueRows) visible. Checks the state once more, so a cancel that
+        arrived while the message was in the pipeline still wins; a message that comes twice in a
+        batch (straight from enqueue-put, and from the slot it was also written to) is released
+        once. On DiskFull, what was released before the failing topic stays released (marked
         delivered) and the rest is untouched: a retry of the whole batch releases each once."""
-        self.msgs.begin_batch(d.seq for d in dues)
+        ops, msgs = batch.ops, self.msgs
+        out = Released()
+        msgs.begin_runs(ops.seq_runs(dues, msgs.segment_entries, BATCH_GAP, DROW, 8))
         try:
-            return self._release(dues, now_ms)
+            for th, (units, seqs, keyed) in ops.release_rows(dues, msgs.spans, now_ms).items():
+                topic = self._topic(th, units)
+                first = self.ready.append_units(topic, units)
+                ops.set_states(seqs, msgs.spans, int(_DELIVERED))
+                n = len(seqs) // 8
+                if keyed:
+                    done = []
+                    for rec in self.read_many(list(struct.iter_unpack("<qI", keyed))):
+                        if isinstance(rec, Record) and rec.key is not None:
+                            done.append((now_ms, topic, rec.key, rec.seq))
+                    self.keys.delivered(done)
+                self.counters.delivered(topic, n)
+                out.batches.append((topic, first, units))
+                out.count += n
         finally:
-            self.msgs.end_batch()
-
-    def _release(self, dues: list[Due], now_ms: int) -> list[Due]:
-        by_topic: dict[str, list[Due]] = {}
-        seen: set[int] = set()
-        get = self.msgs.get
-        for d in dues:
-            # One message can come twice in a batch: straight from enqueue-put (its slot had
-            # passed) and from the slot it was also written to. The state check covers earlier
-            # batches; `seen` covers this one.
-            if d.seq in seen:
-                continue
-            st, off, _s, _r = get(d.seq)
-            if st == _SCHEDULED and off == d.commit_offset:
-                seen.add(d.seq)
-                by_topic.setdefault(d.topic, []).append(d)
-        out = []
-        for topic, ds in by_topic.items():
-            self.ready.append(topic, [(d.commit_offset, d.commit_size, d.tag_hash, d.deliver_at, now_ms, d.seq)
-                                      for d in ds])
-            keyed = []
-            for d in ds:
-                self.msgs.set_state(d.seq, _DELIVERED)
-                if d.key is not None:
-                    keyed.append((now_ms, topic, d.key, d.seq))
-            if keyed:
-                self.keys.delivered(keyed)
-            self.counters.delivered(topic, len(ds))
-            out.extend(ds)
+            msgs.end_batch()
         return out
+
+    def _topic(self, topic_hash: int, units: bytes) -> str:
+        """The name of a topic hash (known for every topic counted since the start), else read
+        from the first unit's record."""
+        name = self.counters.topic_names.get(topic_hash)
+        if name is None:
+            off, size = struct.unpack_from("<qI", units, 0)
+            name = self.commit.read(off, size).topic
+            self.counters.topic_hash(name)
+        return name
+
+
+def unit_of(rows: bytes, k: int) -> Unit:
+    """The Unit of UnitRow `k` (the pipeline's slow paths and tests)."""
+    (pos,) = struct.unpack_from("<q", rows, k * UROW)
+    _size, prev, magic, enq, delay, off, csize, th, seq = UNIT.unpack_from(rows, k * UROW + 8)
+    return Unit(pos, prev, UnitMagic(magic), enq, delay, off, csize, th, seq)

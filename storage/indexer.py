@@ -1,12 +1,15 @@
 """The indexer: enqueue-put — commit-log records in, TimerLog units and wheel slots out.
 
-    Indexer.index(records, now_ms) -> IndexResult
+    Indexer.index_rows(rows, now_ms) -> IndexResult     (MessageRows: storage.batch)
+    Indexer.index(records, now_ms)   -> IndexResult     (decoded records: the same, for recovery)
 
-is the per-batch loop (one method on one component, so a compiled implementation can replace
-its body without touching callers). It owns `indexed` (C: the commit-log offset below which
-every record is indexed) and reads the dequeue cursor from Dispatch: a unit for a slot already
-loaded goes to the next slot (the durable path) and the message also comes back in
-`IndexResult.late`, for dequeue-put to take straight away.
+is the per-batch loop. The compiled batch core (`batch.ops.index_rows`) takes every row it can —
+GROUP records, and messages due inside the window, late ones included — and the rest goes one by
+one through `_entry_for` / `_on_cancel_record` (cancel and roll records, far messages, a full
+rescan, a message the table does not know). The indexer owns `indexed` (C: the commit-log offset
+below which every record is indexed) and reads the dequeue cursor from Dispatch: a unit for a slot
+already loaded goes to the next slot (the durable path) and the message also comes back in
+`IndexResult.late` (DueRows), for dequeue-put to take straight away.
 
 Schedule counts are applied only after the batch's units are on disk: a batch that fails (a
 full disk) and is retried counts once — /v1/schedule stays equal to the pending set after any
@@ -17,16 +20,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from delayd.storage import batch
+from delayd.storage.batch import MROW, due_row, row_of
 from delayd.storage.commitlog import CommitLog, Record, RecordType
 from delayd.storage.counters import Count, Counters
-from delayd.storage.dispatch import Dispatch, Due
-from delayd.storage.errors import StorageError
+from delayd.storage.dispatch import Dispatch
+from delayd.storage.errors import DiskFull, StorageError
 from delayd.storage.farindex import FarIndex
-from delayd.storage.msgtable import MessageState, MessageTable
+from delayd.storage.msgtable import BATCH_GAP, MessageState, MessageTable
 from delayd.storage.readyqueue import tag_hash
 from delayd.storage.schedule import HOUR_MS, Placed, Schedule
-from delayd.storage.timerindex import Entry, TimerIndex
-from delayd.storage.timerlog import UnitMagic
+from delayd.storage.timerindex import WHEEL_HEADER_SIZE, Entry, TimerIndex
+from delayd.storage.timerlog import UNIT_SIZE, UnitMagic
 
 # Plain-int and module-level aliases for the per-message hot path (enum attribute lookups and
 # IntFlag arithmetic cost more than the rest of the work there).
@@ -39,8 +44,8 @@ BLOCKED = object()  # _entry_for: the next unit would overwrite an undispatched 
 
 @dataclass(slots=True)
 class IndexResult:
-    consumed: int  # records indexed, from the first; fewer than given when `blocked`
-    late: list[Due] = field(default_factory=list)  # indexed into a slot already loaded: release directly
+    consumed: int  # records indexed, from the first; fewer than given when `blocked` (or a write failed)
+    late: bytes = b""  # DueRows indexed into a slot already loaded: release directly
     blocked: bool = False  # a unit would overwrite a wheel lap not dispatched yet: retry after a checkpoint
 
 
@@ -71,61 +76,78 @@ class Indexer:
         self.full_until = 0
 
     def index(self, records: list[Record], now_ms: int) -> IndexResult:
-        """Index records in log order. Stops early (`blocked`) when a unit would overwrite a
-        wheel lap not yet dispatched; DiskFull leaves nothing counted (the caller retries)."""
-        entries: list[Entry] = []
-        counts = _Counts()
-        late: list[Due] = []
-        done = 0
+        """index_rows for decoded records (recovery replays them so)."""
+        hashes = self.counters.hashes
+        return self.index_rows(b"".join(row_of(r, hashes.get(r.topic)) for r in records), now_ms)
+
+    def index_rows(self, rows: bytes, now_ms: int) -> IndexResult:
+        """Index MessageRows in log order. Stops early (`blocked`) when a unit would overwrite a
+        wheel lap not yet dispatched. A write that fails (disk full) ends the batch: what was
+        indexed before it is reported as consumed and counted once; nothing of the row that
+        failed is counted (the caller retries from it). Raises only when nothing was indexed."""
+        n = len(rows) // MROW
+        msgs, timers = self.msgs, self.timers
+        wheel, tlog = timers.wheel, timers.log
+        ops = batch.ops
+        late: list[bytes] = []
+        i = 0
         blocked = False
-        msgs = self.msgs
+        d = self.dispatch.load_time_ms
+        window_end = max(now_ms, d) + self.roll_window_ms
+        unsafe_from = self.dispatch.read_time_ms + wheel.span_ms  # fire >= this: BLOCKED
+        precision, nslots = wheel.precision_ms, wheel.slot_count
         # The batch's message-table entries are read (and written back) a run at a time.
-        msgs.begin_batch([rec.seq for rec in records if rec.type != _GROUP])
+        msgs.begin_runs(ops.seq_runs(rows, msgs.segment_entries, BATCH_GAP, MROW, 0))
         try:
-            entry_for, get, set_flags = self._entry_for, msgs.get, msgs.set_flags
-            hashes, topic_hash, slots_add = self.counters.hashes, self.counters.topic_hash, counts.slots.append
-            precision, nslots = self.schedule.precision_ms, self.schedule.slot_count
-            # Fixed for the whole batch (nothing below moves them): hoisted for the fast path.
-            d = self.dispatch.load_time_ms
-            window_end = max(now_ms, d) + self.roll_window_ms
-            unsafe_from = self.dispatch.read_time_ms + self.timers.wheel.span_ms  # fire >= this: BLOCKED
-            fast = not records or records[0].offset >= self.full_until
-            for rec in records:
-                rtype = rec.type
-                if fast and rtype == _MESSAGE:
-                    # The common case, exactly as _entry_for decides it: a scheduled message due
-                    # inside the window, in a slot not loaded yet. Anything else goes the long way.
-                    deliver_at = rec.deliver_at
-                    if d <= deliver_at <= window_end and deliver_at < unsafe_from:
-                        st, off, _size, _roll = get(rec.seq)
-                        if st == _SCHEDULED and off == rec.offset:
-                            th = hashes.get(rec.topic)
-                            if th is None:
-                                th = topic_hash(rec.topic)
-                            slots_add(deliver_at // precision % nslots)
-                            set_flags(rec.seq, _SLOT)
-                            entries.append(Entry(deliver_at, _DEFAULT_BIT, off, rec.size, th, rec.seq))
-                            done += 1
-                            continue
-                if rtype == _MESSAGE or rtype == _ROLL:
-                    entry = entry_for(rec, now_ms, counts, late)
-                    if entry is BLOCKED:
-                        blocked = True
-                        break
-                    if entry is not None:
-                        entries.append(entry)  # type: ignore[arg-type]
-                elif rtype == _CANCEL:
-                    self._on_cancel_record(rec, counts, entries)
-                done += 1
+            while i < n:
+                _seq, _due, offset, size, *_rest = batch.MROW_FMT.unpack_from(rows, i * MROW)
+                if offset >= self.full_until:
+                    room = tlog.room_units()
+                    consumed, units, slots, late_rows, counts = ops.index_rows(
+                        rows, i, msgs.spans, wheel.buffer, WHEEL_HEADER_SIZE, precision, nslots, d, window_end,
+                        unsafe_from, tlog.end, now_ms, room)
+                    if units:
+                        tlog.append(units)  # before the slots point at them; DiskFull: nothing counted
+                    ops.put_slots(wheel.buffer, WHEEL_HEADER_SIZE, precision, nslots, slots)
+                    ops.add_counts(self.schedule.slots, counts)
+                    late.append(late_rows)
+                    i += consumed
+                    if i >= n or len(units) == room * UNIT_SIZE:
+                        continue  # done, or the segment is full (room_units() starts the next)
+                    _seq, _due, offset, size, *_rest = batch.MROW_FMT.unpack_from(rows, i * MROW)
+                # Not the compiled core's row: the full path, on the decoded record.
+                if self._one(self.commit.read(offset, size), now_ms, late) is BLOCKED:
+                    blocked = True
+                    break
+                i += 1
+        except DiskFull:
+            if not i:
+                raise
         finally:
             msgs.end_batch()
+        if i:
+            _seq, _due, offset, size, *_rest = batch.MROW_FMT.unpack_from(rows, (i - 1) * MROW)
+            self.indexed = max(self.indexed, offset + size)
+        return IndexResult(i, b"".join(late), blocked)
+
+    def _one(self, rec: Record, now_ms: int, late: list[bytes]) -> object | None:
+        """Index one record the compiled core does not take; BLOCKED when its unit would
+        overwrite an undispatched lap (nothing happened then)."""
+        counts = _Counts()
+        entries: list[Entry] = []
+        rtype = rec.type
+        if rtype == _MESSAGE or rtype == _ROLL:
+            entry = self._entry_for(rec, now_ms, counts, late)
+            if entry is BLOCKED:
+                return BLOCKED
+            if entry is not None:
+                entries.append(entry)  # type: ignore[arg-type]
+        elif rtype == _CANCEL:
+            self._on_cancel_record(rec, counts, entries)
         if entries:
             self.timers.add(entries, now_ms)  # DiskFull propagates: nothing below happened
         self._apply(counts)
-        if done:
-            last = records[done - 1]
-            self.indexed = max(self.indexed, last.offset + last.size)
-        return IndexResult(done, late, blocked)
+        return None
 
     def _apply(self, counts: _Counts) -> None:
         slots = self.schedule.slots
@@ -143,7 +165,7 @@ class Indexer:
         for deliver_at, seq in counts.far_gone:
             self.far.remove(deliver_at, seq)
 
-    def _entry_for(self, rec: Record, now_ms: int, counts: _Counts, late: list[Due]) -> Entry | object | None:
+    def _entry_for(self, rec: Record, now_ms: int, counts: _Counts, late: list[bytes]) -> Entry | object | None:
         """The unit to write for a message record; None to skip it, BLOCKED to stop the batch.
         (Runs once per message: locals and plain ints on purpose.)"""
         seq = rec.seq
@@ -202,8 +224,8 @@ class Indexer:
                 # Its slot was already loaded: the unit goes into the next slot (the durable path),
                 # and the message also goes straight to dequeue-put so it is not a slot late.
                 msgs.set_flags(seq, 0)
-                late.append(Due(rec.deliver_at, rec.seq, rec.topic, rec.offset, rec.size, tag_hash(rec.tag),
-                                self.timers.wheel.slot_time(fire), rec.key))
+                late.append(due_row(rec.deliver_at, rec.seq, rec.offset, rec.size, th, tag_hash(rec.tag),
+                                    rec.key is not None, self.timers.wheel.slot_time(fire)))
         return Entry(fire, magic, rec.offset, rec.size, th, rec.seq)
 
     def _on_cancel_record(self, rec: Record, counts: _Counts, entries: list[Entry]) -> None:

@@ -38,6 +38,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from delayd.storage import native
 from delayd.storage.bytetable import ByteTable
 from delayd.storage.errors import DiskFull
 from delayd.storage.segments import SegmentedFile, SegmentFormat
@@ -45,10 +46,25 @@ from delayd.storage.segments import SegmentedFile, SegmentFormat
 UNIT = ByteTable("<qIIqqQ")
 UNIT_SIZE = UNIT.size
 assert UNIT_SIZE == 40
+UNIT_DELIVER_AT = 16  # the offset of deliver_at in a unit (batch functions read it in place)
 READY_VERSION = 2
 SIGN_BIT = 0x80  # of byte 7 of a little-endian i64: set only for a negative commit_offset
 READY_FORMAT = SegmentFormat("ready queue", b"DLREADY\xff", READY_VERSION, UNIT_SIZE,
                              legacy=lambda first: len(first) == 8 and first[7] < SIGN_BIT)
+
+
+def unit_bounds(units: bytes) -> tuple[int, int]:
+    """(lowest commit offset, latest release time) of packed units: the compiled core's
+    `unit_bounds` when it is built, else `bounds_py`, its reference."""
+    c = native.compiled()
+    return c.unit_bounds(units) if c is not None else bounds_py(units)
+
+
+def bounds_py(units: bytes) -> tuple[int, int]:
+    lo, hi = 1 << 62, 0
+    for off, _size, _th, _due, released, _seq in UNIT.iter_unpack(units):
+        lo, hi = min(lo, off), max(hi, released)
+    return lo, hi
 
 
 def tag_hash(tag: str | None) -> int:
@@ -90,20 +106,25 @@ class ReadyQueue:
 
     def append(self, units: list[tuple[int, int, int, int, int, int]]) -> int:
         """Append (commit_offset, size, tag_hash, deliver_at, released_at, seq) units; first index."""
+        return self.append_packed(b"".join(UNIT.pack(*u) for u in units))
+
+    def append_packed(self, data: bytes) -> int:
+        """Append packed units (UNIT_SIZE bytes each); the first one's index. All or nothing:
+        on a full disk the part written is cut off again (the caller retries the whole batch,
+        which must not queue a message twice)."""
         first = self.end
-        i = 0
+        i, n = 0, len(data)
         try:
-            while i < len(units):
-                room = max(1, self.files.remaining() // UNIT_SIZE)
-                chunk = units[i:i + room]
-                pos = self.files.append(b"".join(UNIT.pack(*u) for u in chunk))
+            while i < n:
+                room = max(1, self.files.remaining() // UNIT_SIZE) * UNIT_SIZE
+                chunk = data[i:i + room]
+                pos = self.files.append(chunk)
                 base = self.files.segment_of(pos)
                 lo, hi = self.segment_stats(base) if base in self._stats else (1 << 62, 0)
-                self._stats[base] = (min(lo, min(u[0] for u in chunk)), max(hi, max(u[4] for u in chunk)))
+                clo, chi = unit_bounds(chunk)
+                self._stats[base] = (min(lo, clo), max(hi, chi))
                 i += len(chunk)
         except DiskFull:
-            # All or nothing: the caller retries the whole batch, which must not queue a
-            # message twice.
             self.files.truncate(first * UNIT_SIZE, "ready queue: undo a write that hit a full disk")
             raise
         return first

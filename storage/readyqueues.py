@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from delayd.storage.readyqueue import READY_FORMAT, UNIT_SIZE, ReadyQueue, ReadyUnit
+from delayd.storage.readyqueue import READY_FORMAT, UNIT, UNIT_SIZE, ReadyQueue, ReadyUnit, unit_bounds
 from delayd.storage.segments import list_segments, open_fd, read_header, segment_name
 
 DEFAULT_MAX_OPEN = 256
@@ -151,14 +151,19 @@ class ReadyQueues:
     # -- writing --------------------------------------------------------------------------------
     def append(self, topic: str, units: list[tuple[int, int, int, int, int, int]]) -> int:
         """Append units to `topic`'s queue (created on the first release); the first's index."""
+        return self.append_units(topic, b"".join(UNIT.pack(*u) for u in units))
+
+    def append_units(self, topic: str, units: bytes) -> int:
+        """Append packed units (storage.readyqueue.UNIT) to `topic`'s queue (created on the first
+        release); the first's index."""
         q = self._queue(topic, create=True)
         assert q is not None
         try:
-            first = q.append(units)
+            first = q.append_packed(units)
         finally:
             self._bounds[topic] = (q.start, q.end)
         if topic in self._low:
-            self._low[topic] = min(self._low[topic], min(u[0] for u in units))
+            self._low[topic] = min(self._low[topic], unit_bounds(units)[0])
         return first
 
     def delete_before(self, topic: str, index: int) -> list[int]:

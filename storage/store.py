@@ -31,11 +31,13 @@ from __future__ import annotations
 
 import collections
 import os
+from collections import deque
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from delayd.storage import batch
 from delayd.storage import checkpoint as ckpt
 from delayd.storage.browse import Browser, Page, Query
 from delayd.storage.commitlog import CommitLog, Record, RecordFlag, RecordType, encode, encode_messages
@@ -53,6 +55,8 @@ from delayd.storage.segments import fsync_all
 from delayd.storage.timerindex import TimerIndex
 
 __all__ = ["Due", "NewMessage", "PendingCheckpoint", "Store", "StoreConfig"]
+
+HANDOFF_BYTES = 32 * 1024 * 1024  # MessageRows produce hands enqueue-get at most (beyond: it reads the log)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +116,11 @@ class Store:
         self.durable_indexed = durable_indexed  # C as of the last checkpoint written
         self.groups_snapshot = groups_snapshot  # consumer groups as of the checkpoint recovery started from
         self._browser: Browser | None = None
+        # Produce hands enqueue-get the MessageRows of what it appended, (start, end, rows) in log
+        # order, so the records are not read and decoded again; whatever is not here (cancels,
+        # group events, roll copies, an overflow) enqueue-get reads from the log.
+        self._handoff: deque[tuple[int, int, bytes]] = deque()
+        self._handoff_bytes = 0
 
     # ---------------------------------------------------------------------------------- views
     @property
@@ -172,6 +181,58 @@ class Store:
         for topic, k in collections.Counter(m.topic for m in msgs).items():
             self.counters.produced(topic, k)
         return list(range(first, first + n))
+
+    def append_packed(self, topic: str, records: bytes, sizes: bytes, now_ms: int,
+                      keyed: list[tuple[str, int]] | None = None,
+                      cancels: list[tuple[int, str, str | None]] = ()) -> int:  # type: ignore[assignment]
+        """append_messages for records the compiled batch core encoded (storage.batch
+        `encode_produce`, with seqs from `next_seq`): appended in one write, their message-table
+        entries and MessageRows made from the same bytes. `keyed`: (key, deliver_at) per message
+        that has a key, in order (None for none). Returns the first seq."""
+        first = self.next_seq
+        n = len(sizes) // 4
+        self.msgs.prepare(first, first + n - 1)  # no descriptor for it: refused before anything is stored
+        head = [encode(Record(RecordType.CANCEL, seq, t, key=key, produced_at=now_ms), RecordFlag.CONTINUED)
+                for seq, t, key in cancels]
+        if head:
+            data = b"".join(head) + records
+            offsets = self.commit.append_packed(data, b"".join(len(h).to_bytes(4, "little") for h in head) + sizes)
+            offsets = offsets[len(head):]
+        else:
+            offsets = self.commit.append_packed(records, sizes)
+        self.next_seq = first + n
+        for seq, t, key in cancels:
+            self._cancelled(seq, t, key)
+        entries, rows = batch.ops.produced_rows(records, offsets, self.counters.topic_hash(topic))
+        self.msgs.write_entries(first, entries)
+        if keyed:
+            self.keys.put_many([(topic, key, first + i, due) for i, (key, due) in enumerate(keyed) if key is not None])
+        self.counters.produced(topic, n)
+        if not head and n:
+            last_size = int.from_bytes(sizes[-4:], "little")
+            self._hand_off(offsets[0], offsets[-1] + last_size, rows)
+        return first
+
+    def _hand_off(self, start: int, end: int, rows: bytes) -> None:
+        if self._handoff_bytes + len(rows) <= HANDOFF_BYTES:
+            self._handoff.append((start, end, rows))
+            self._handoff_bytes += len(rows)
+
+    def handed_rows(self, pos: int) -> tuple[bytes, int]:
+        """enqueue-get: the MessageRows produce handed over for the records at `pos`, and the
+        offset after them; (b"", pos) when what lies at `pos` must be read from the log."""
+        q = self._handoff
+        while q and q[0][1] <= pos:  # read from the log already (an overflow, a restart)
+            self._handoff_bytes -= len(q.popleft()[2])
+        if q and q[0][0] == pos:
+            start, end, rows = q.popleft()
+            self._handoff_bytes -= len(rows)
+            return rows, end
+        return b"", pos
+
+    def next_handed(self) -> int | None:
+        """Where the first handed-over run starts: enqueue-get reads the log up to there."""
+        return self._handoff[0][0] if self._handoff else None
 
     def append_cancel(self, seq: int, topic: str, key: str | None = None) -> None:
         """Log the cancel, then mark the message cancelled (dispatch checks the mark). If the

@@ -135,6 +135,15 @@ class TimerLog:
             raise Insane(f"TimerLog position {pos} outside [{self.files.start}, {self.files.end})")
         return unpack_unit(self.files.read(pos, UNIT_SIZE), 0, pos)
 
+    def window(self, pos: int) -> tuple[int, bytes]:
+        """(start, bytes) of a stretch of the TimerLog that ends with the unit at `pos`: a chain is
+        walked backwards, and its units are mostly written in runs, so one read serves several.
+        Raises Insane for a position that cannot be a unit."""
+        if pos < self.files.start or pos + UNIT_SIZE > self.files.end or pos % UNIT_SIZE:
+            raise Insane(f"TimerLog position {pos} outside [{self.files.start}, {self.files.end})")
+        lo = max(self.files.segment_of(pos), pos + UNIT_SIZE - CHAIN_WINDOW)
+        return lo, self.files.read(lo, pos + UNIT_SIZE - lo)
+
     def chain(self, last_pos: int) -> Iterator[Unit]:
         """Walk a slot's chain from its newest unit back to the first.
 
@@ -146,11 +155,7 @@ class TimerLog:
         buf = b""
         while pos != NO_POS:
             if not lo <= pos < hi:
-                if pos < self.files.start or pos + UNIT_SIZE > self.files.end or pos % UNIT_SIZE:
-                    raise Insane(f"TimerLog position {pos} outside [{self.files.start}, {self.files.end})")
-                base = self.files.segment_of(pos)
-                lo = max(base, pos + UNIT_SIZE - CHAIN_WINDOW)
-                buf = self.files.read(lo, pos + UNIT_SIZE - lo)
+                lo, buf = self.window(pos)
                 hi = lo + len(buf)
             unit = unpack_unit(buf, pos - lo, pos)
             yield unit

@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 from delayd.broker.groups import Delivery, Groups, backoff_ms
 from delayd.storage.recovery import open_store
-from delayd.storage.store import Due, NewMessage, StoreConfig
+from delayd.storage.store import NewMessage, StoreConfig
+
+from tests.storage.driver import release_now
 
 
 def rc(d: Delivery) -> str:
@@ -22,11 +24,7 @@ def env(tmp_path):
     groups = Groups(store, lambda: now[0], lambda t, g, ev: events.append((t, g, ev)), default_max_attempts=3)
     seqs = store.append_messages([NewMessage("t", f"m{i}".encode(), now[0], tag="a" if i % 2 else "b")
                                   for i in range(6)], now[0])
-    for seq in seqs:
-        st, off, size, _ = store.state(seq)
-        tag = "a" if (seq - seqs[0]) % 2 else "b"
-        from delayd.storage.readyqueue import tag_hash
-        store.dispatch.release([Due(now[0], seq, "t", off, size, tag_hash(tag), 0)], now[0])
+    release_now(store, seqs, now[0])
     yield store, groups, events, now
     store.close()
 

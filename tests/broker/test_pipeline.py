@@ -63,7 +63,8 @@ async def test_stop_drains_what_the_stages_hold_instead_of_cancelling(tmp_path):
     before the stages end; each stage reports END. (Cancelling them, as stop once did, left that
     work to the next start's recovery.)"""
     from delayd.broker.clock import Clock
-    from delayd.broker.pipeline import DueBatch, Pipeline, RecordBatch, StageState
+    from delayd.broker.pipeline import DueBatch, Pipeline, RowBatch, StageState
+    from delayd.storage import batch
     from delayd.storage.readyqueue import tag_hash
     from delayd.storage.recovery import open_store
     from delayd.storage.store import Due, NewMessage
@@ -76,14 +77,15 @@ async def test_stop_drains_what_the_stages_hold_instead_of_cancelling(tmp_path):
         store.append_messages([NewMessage("later", b"x%d" % i, now + 3_600_000) for i in range(100)], now)
         [due_seq] = store.append_messages([NewMessage("now", b"due", now)], now)
         _st, off, size, _r = store.state(due_seq)
-        records, end = store.commit.read_records(0, 1000)
+        rows, end = batch.read_rows(store.commit, 0, 1000, store.commit.end)
         p = Pipeline(store, clock, lookahead_ms=300, queue_batches=4, release_capacity=1000,
-                     on_release=lambda dues, _now: released.extend(d.seq for d in dues))
+                     on_release=lambda rel, _now: released.extend(u.seq for u in rel.units()))
         assert set(p.states().values()) == {StageState.INITIAL.value}
         p.enqueue_get.pos = end  # these records are already in enqueue-put's inbox
-        await p.records.put(RecordBatch(records))
+        await p.records.put(RowBatch(rows))
         p.inflight.add(now - now % 1000, 1)
-        await p.dues.put(DueBatch([Due(now, due_seq, "now", off, size, tag_hash(None), now - now % 1000)]))
+        await p.dues.put(DueBatch(Due(now, due_seq, off, size, store.counters.topic_hash("now"), tag_hash(None),
+                                      False, now - now % 1000).row()))
         p.start()
         assert await p.stop(timeout_s=10)
         assert set(p.states().values()) == {StageState.END.value}

@@ -1,11 +1,11 @@
 """Drive a Store the way the broker's pipeline does, on a fake clock (used by the storage model
 tests and tests/robustness/test_storage_corruption.py).
 
-enqueue-get/put: `commit.read_records` from `indexed` + `indexer.index`, plus its late list;
+enqueue-get/put: `batch.read_rows` from `indexed` + `indexer.index_rows`, plus its late rows;
 dequeue-get: `dispatch.open_slot` for every slot whose start is <= now; dequeue-get-message:
 `dispatch.resolve`, rolling far ones forward and dropping unreadable records; dequeue-put:
-`dispatch.release` each Due only once the clock has reached its `deliver_at` (as
-broker/pipeline.py does).
+`dispatch.release` each DueRow only once the clock has reached its `deliver_at` (as
+broker/pipeline.py does). `pending` and `released` hold them decoded (Due, ReadyUnit).
 
 Run as `python -m tests.storage.driver DATA_DIR SEED` it is the child of the kill -9 test:
 it produces, cancels and delivers with a seeded RNG and prints one line per acknowledged
@@ -23,8 +23,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from delayd.storage import batch
 from delayd.storage.msgtable import MessageState
-from delayd.storage.readyqueue import ReadyUnit
+from delayd.storage.readyqueue import ReadyUnit, tag_hash
 from delayd.storage.recovery import open_store as open_data_dir
 from delayd.storage.store import Due, NewMessage, Store, StoreConfig
 
@@ -41,7 +42,7 @@ class Driver:
     clock: list[int]  # the fake wall clock, shared with the Store's clock_ms
     lookahead_ms: int = 0
     pending: list[Due] = field(default_factory=list)
-    released: list[Due] = field(default_factory=list)
+    released: list[ReadyUnit] = field(default_factory=list)
     blocked: int = 0
     unreadable: int = 0  # units whose commit-log record did not decode (dropped, like the broker)
     last_cp: int | None = None
@@ -58,11 +59,11 @@ class Driver:
     def enqueue(self) -> None:
         s = self.store
         while True:
-            recs, _pos = s.commit.read_records(s.indexed, 256)
-            if not recs:
+            rows, _pos = batch.read_rows(s.commit, s.indexed, 256)
+            if not rows:
                 return
-            result = s.indexer.index(recs, self.now)
-            self.pending.extend(result.late)
+            result = s.indexer.index_rows(rows, self.now)
+            self.pending.extend(Due.rows(result.late))
             if result.blocked:  # the next unit would overwrite an unread lap: wait for a checkpoint
                 self.blocked += 1
                 return
@@ -78,23 +79,23 @@ class Driver:
                 for r in res.roll:
                     assert r.deliver_at > t, "a message due now must not be rolled again"
                     s.dispatch.roll_forward(dataclasses.replace(r))
-                for due in res.due:
+                for due in Due.rows(res.due):
                     # A Due never leaves a slot before its own (the timer side is never early).
                     assert due.deliver_at - due.deliver_at % p <= t, (due, t)
                     self.pending.append(due)
 
-    def release(self) -> list[Due]:
+    def release(self) -> list[ReadyUnit]:
         ready = [d for d in self.pending if d.deliver_at <= self.now]
         if not ready:
             return []
         self.pending = [d for d in self.pending if d.deliver_at > self.now]
-        out = self.store.dispatch.release(ready, self.now)
-        for d in out:
-            assert d.deliver_at <= self.now
+        out = self.store.dispatch.release(b"".join(d.row() for d in ready), self.now).units()
+        for u in out:
+            assert u.deliver_at <= self.now and u.released_at == self.now
         self.released.extend(out)
         return out
 
-    def step(self) -> list[Due]:
+    def step(self) -> list[ReadyUnit]:
         self.enqueue()
         self.dequeue()
         self.enqueue()  # roll copies and late ones
@@ -135,6 +136,18 @@ def no_fsync() -> Iterator[None]:
 def open_store(d: Path, clock: list[int], cfg: StoreConfig = SMALL) -> Store:
     s, _report = open_data_dir(d, cfg, lambda: clock[0])
     return s
+
+
+def release_now(store: Store, seqs: list[int], now: int) -> list[ReadyUnit]:
+    """Release already-indexed messages `seqs` at `now` straight from their records (as if each
+    were due now): what a test of the consuming side needs in its ready queues."""
+    rows = []
+    for seq in seqs:
+        _st, off, size, _roll = store.state(seq)
+        rec = store.read_record(off, size)
+        rows.append(Due(now, seq, off, size, store.counters.topic_hash(rec.topic),
+                        tag_hash(rec.tag), rec.key is not None, now - now % store.cfg.precision_ms).row())
+    return store.dispatch.release(b"".join(rows), now).units()
 
 
 def topic_of(store: Store, seq: int) -> str:

@@ -505,9 +505,16 @@ def test_parse_receipts(receipts: list[Any]) -> None:
 
 
 @SETTINGS
-@given(due_rows, st.integers(-2**40, 2**40))
-def test_lateness(rows: bytes, now: int) -> None:
-    same(c.lateness, ref.lateness, rows, now)
+@given(due_rows, st.integers(-2**40, 2**40), st.sampled_from([(ref.DROW, 0), (40, 16), (8, 0), (7, 0)]),
+       st.lists(st.integers(-50, 50), max_size=6))
+def test_lateness_and_buckets(rows: bytes, now: int, layout: tuple[int, int], bounds: list[int]) -> None:
+    stride, at = layout
+    rows = rows[:len(rows) - len(rows) % stride] if stride != 7 else rows
+    got = same(c.lateness, ref.lateness, rows, stride, at, now)
+    values = got if got is not None else struct.pack("<3q", -5, 0, 99)
+    packed = struct.pack(f"<{len(bounds)}q", *sorted(bounds))
+    same(c.bucket_counts, ref.bucket_counts, values, packed)
+    same(c.bucket_counts, ref.bucket_counts, values, struct.pack(f"<{len(bounds)}q", *bounds))
 
 
 @SETTINGS
@@ -549,3 +556,14 @@ def test_scan_starts_is_scan_buffer(buf: bytes, start: int, verify: bool) -> Non
     got = commitlog.scan_buffer(buf, start, verify=verify)
     assert (list(got.starts), got.end, got.batch_end, got.stop) == (list(want.starts), want.end, want.batch_end,
                                                                       want.stop)
+
+
+@SETTINGS
+@given(st.lists(st.tuples(st.integers(-2**40, 2**40), st.integers(-2**40, 2**40)), max_size=10),
+       st.integers(0, 3))
+def test_unit_bounds_and_tally(units: list[tuple[int, int]], junk: int) -> None:
+    from delayd.storage.readyqueue import UNIT as READY
+    raw = b"".join(READY.pack(off, 1, 2, 3, rel, 4) for off, rel in units) + b"x" * junk
+    same(c.unit_bounds, ref.unit_bounds, raw)
+    rows = b"".join(ref.DUE.pack(1, 2, 3, 4, 5, 6, 7, rel % 5) for _o, rel in units)
+    same(c.tally, ref.tally, rows + b"y" * junk, ref.DROW, 40)

@@ -12,10 +12,12 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
 import pytest
+from delayd.storage.batch import unit_row
 from delayd.storage.commitlog import Record, RecordType
 from delayd.storage.errors import StorageError
 from delayd.storage.msgtable import MessageState
@@ -50,9 +52,9 @@ def clock() -> list[int]:
 
 def resolve(s: Store, unit: Unit, slot_time: int) -> Due | Record | None:
     """Dispatch.resolve of one unit: a Due, a Record to roll, or None (dropped)."""
-    res = s.dispatch.resolve([unit], slot_time)
+    res = s.dispatch.resolve(unit_row(unit), slot_time)
     assert not res.unreadable
-    return (res.due or res.roll or [None])[0]
+    return (Due.rows(res.due) or res.roll or [None])[0]
 
 
 def test_produce_index_load_resolve_release(tmp_path: Path, clock: list[int]) -> None:
@@ -81,11 +83,12 @@ def test_produce_index_load_resolve_release(tmp_path: Path, clock: list[int]) ->
     assert s.load_time_ms == T0 + 30
     due = resolve(s, units[0], T0 + 20)
     assert isinstance(due, Due)
-    assert (due.deliver_at, due.seq, due.topic, due.commit_offset, due.commit_size, due.tag_hash,
-            due.slot_time) == (T0 + 25, 1, "orders", off, size, tag_hash("paid"), T0 + 20)
-    assert s.dispatch.release([due], T0 + 25) == [due]
+    assert (due.deliver_at, due.seq, due.topic_hash, due.commit_offset, due.commit_size, due.tag_hash, due.keyed,
+            due.slot_time) == (T0 + 25, 1, zlib.crc32(b"orders"), off, size, tag_hash("paid"), True, T0 + 20)
+    released = s.dispatch.release(due.row(), T0 + 25)
+    assert [(t, first) for t, first, _u in released.batches] == [("orders", 0)] and released.count == 1
     assert s.state(1)[0] == MessageState.DELIVERED
-    assert s.dispatch.release([due], T0 + 26) == []  # never twice
+    assert s.dispatch.release(due.row(), T0 + 26).count == 0  # never twice
     assert resolve(s, units[0], T0 + 20) is None
     [u] = ready_units(s)["orders"]
     assert (u.index, u.commit_offset, u.commit_size, u.tag_hash, u.deliver_at, u.released_at, u.seq) == \
@@ -150,9 +153,9 @@ def test_a_message_indexed_after_its_slot_was_loaded_goes_out_late_not_never(tmp
     drv.dequeue()  # slots up to T0+100 are loaded
     [seq] = s.append_messages([NewMessage("orders", b"late", T0 + 30)], T0 + 100)
     recs, _ = s.commit.read_records(s.indexed, 10)
-    [late] = s.indexer.index(recs, drv.now).late
+    [late] = Due.rows(s.indexer.index(recs, drv.now).late)
     assert late.seq == seq and late.deliver_at == T0 + 30 and late.slot_time == s.load_time_ms
-    assert [x.seq for x in s.dispatch.release([late], drv.now)] == [seq]
+    assert [u.seq for u in s.dispatch.release(late.row(), drv.now).units()] == [seq]
     drv.now = T0 + 200
     drv.step()  # the durable unit in the next slot finds the message delivered
     assert drv.released == [] and delivered_seqs(s) == [seq]
