@@ -19,18 +19,28 @@ unacked message is redelivered, from attempt 1.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import heapq
 import itertools
 import secrets
-from collections.abc import Callable
+import struct
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
 from delayd.broker.pushconfig import PushConfig
-from delayd.storage.readyqueue import ReadyUnit, tag_hash
+from delayd.storage import batch
+from delayd.storage.batch import PROW, PULL
+from delayd.storage.readyqueue import UNIT_SIZE, ReadyUnit, tag_hash
 from delayd.storage.store import Store
 
+TAKE_READ = 1024  # ready units read per step of a take
+_PULL_TAIL = struct.Struct("<QII")  # what a PullRow adds to its ready unit: index, attempt, token number
+_PULL_INDEX = struct.Struct(f"<{UNIT_SIZE}xQ8x")  # a PullRow's index
+_UNIT_SEQ = struct.Struct("<32xQ")  # a ready unit's seq
+_NOT_CANONICAL = 0xFFFFFFFF  # parse_receipts' token number of a receipt it leaves to parse_receipt
 BACKOFF_BASE_MS = 1000
 BACKOFF_MAX_MS = 600_000
 
@@ -39,11 +49,16 @@ def backoff_ms(attempt: int) -> int:
     return min(BACKOFF_MAX_MS, BACKOFF_BASE_MS * 2 ** max(0, attempt - 1))
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Lease:
+    """Messages out with a consumer under one receipt token: all new messages of one take share
+    one (`indexes`), a redelivery or an extended lease has its own. `out` counts the indexes still
+    held under it; at 0 its entry in the deadline heap is stale."""
     token: str
     deadline_ms: int
     attempt: int
+    indexes: Sequence[int]
+    out: int
 
 
 @dataclass(slots=True)
@@ -62,9 +77,10 @@ class Group:
     cursor: int
     start: str = "earliest"
     done: set[int] = field(default_factory=set)
-    leases: dict[int, Lease] = field(default_factory=dict)
+    leases: dict[int, Lease] = field(default_factory=dict)  # index -> its lease (shared by a take's new ones)
     retry: list[tuple[int, int]] = field(default_factory=list)
-    deadlines: list[tuple[int, int, str]] = field(default_factory=list)  # lease expiry heap
+    deadlines: list[tuple[int, int, Lease]] = field(default_factory=list)  # (deadline, number, lease) heap
+    ahead: list[int] = field(default_factory=list)  # sorted done indexes >= cursor (acked before a restart)
     attempts: dict[int, int] = field(default_factory=dict)
     dead: dict[int, Dead] = field(default_factory=dict)
     revived: set[int] = field(default_factory=set)  # redriven indexes below the floor
@@ -107,15 +123,32 @@ class Group:
             self.done.discard(index)
 
     def mark_done(self, index: int) -> None:
-        if index < self.floor:
-            self.revived.discard(index)
-            return
-        self.done.add(index)
-        while self.floor in self.done:
-            self.done.discard(self.floor)
-            self.floor += 1
-        self.cursor = max(self.cursor, self.floor)
-        self.attempts.pop(index, None)
+        self.mark_done_many((index,))
+
+    def mark_done_many(self, indexes: Iterable[int]) -> None:
+        """Acked or dead-lettered: the floor moves past every index settled below it."""
+        floor, done, attempts = self.floor, self.done, self.attempts
+        for i in indexes:
+            if i < floor:
+                self.revived.discard(i)
+                continue
+            done.add(i)
+            if attempts:
+                attempts.pop(i, None)
+        while floor in done:
+            done.discard(floor)
+            floor += 1
+        self.floor = floor
+        self.cursor = max(self.cursor, floor)
+
+    def excluded(self, first: int, end: int) -> bytes:
+        """Indexes in [first, end) the cursor must pass over (settled before a restart), packed
+        u64 for the batch core's take_rows; forgets those before `first` (the cursor passed)."""
+        ahead = self.ahead
+        if not ahead:
+            return b""
+        del ahead[:bisect.bisect_left(ahead, first)]
+        return array("Q", ahead[:bisect.bisect_left(ahead, end)]).tobytes()
 
 
 @dataclass(slots=True)
@@ -123,6 +156,22 @@ class Delivery:
     unit: ReadyUnit
     receipt: str
     attempt: int
+
+
+@dataclass(slots=True)
+class Taken:
+    """What one take leased: PullRows (storage.batch.PULL: the ready unit, its index, attempt and
+    the number of its lease token in `tokens`), for the batch core to answer the pull with."""
+    rows: bytes = b""
+    tokens: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.rows) // PROW
+
+    def deliveries(self) -> list[Delivery]:
+        """The rows decoded (push workers, tests, the JSON answer)."""
+        return [Delivery(ReadyUnit(index, off, size, th, due, released, seq), f"{index:x}.{self.tokens[t]}", attempt)
+                for off, size, th, due, released, seq, index, attempt, t in PULL.iter_unpack(self.rows)]
 
 
 class Groups:
@@ -141,6 +190,7 @@ class Groups:
         self.watchers: dict[str, set[Callable[[], None]]] = {}
         self._salt = secrets.token_hex(3)
         self._tokens = itertools.count(1)
+        self._heap_order = itertools.count()  # ties in a deadline heap never compare two Leases
 
     # -- lifecycle ------------------------------------------------------------------------------
     def restore(self, snapshot: dict[str, Any], events: list[tuple[str, str, dict]]) -> None:
@@ -156,6 +206,7 @@ class Groups:
             self.apply(topic, name, ev)
         for g in self.groups.values():
             g.cursor = g.floor  # everything unacked is redelivered after a restart
+            g.ahead = sorted(g.done)  # (all at or above the floor) acked out of order: never again
             g.retry = [(0, i) for i in sorted(g.revived)]
 
     def apply(self, topic: str, name: str, ev: dict[str, Any]) -> None:
@@ -257,29 +308,33 @@ class Groups:
     def _expire(self, g: Group, now: int) -> None:
         """Leases past their deadline go back for redelivery. The deadline heap keeps this
         proportional to what expires, not to what is leased."""
-        heap = g.deadlines
+        heap, leases = g.deadlines, g.leases
         while heap and heap[0][0] <= now:
-            deadline, i, token = heapq.heappop(heap)
-            lease = g.leases.get(i)
-            if lease is not None and lease.token == token and lease.deadline_ms == deadline:
-                del g.leases[i]
-                g.attempts[i] = lease.attempt
-                heapq.heappush(g.retry, (now, i))
+            _deadline, _n, lease = heapq.heappop(heap)
+            if not lease.out:
+                continue
+            for i in lease.indexes:
+                if leases.get(i) is lease:
+                    del leases[i]
+                    g.attempts[i] = lease.attempt
+                    heapq.heappush(g.retry, (now, i))
+            lease.out = 0
 
     def next_wakeup_ms(self, g: Group) -> int | None:
         """When something becomes pullable without new messages (retry or lease expiry)."""
         heap = g.deadlines
-        while heap:  # drop entries of settled or extended leases
-            deadline, i, token = heap[0]
-            lease = g.leases.get(i)
-            if lease is not None and lease.token == token and lease.deadline_ms == deadline:
-                break
+        while heap and not heap[0][2].out:  # drop entries of settled or extended leases
             heapq.heappop(heap)
         times = [t for t, _ in g.retry[:1]] + [d for d, _, _ in heap[:1]]
         return min(times) if times else None
 
     def take(self, g: Group, max_n: int, lease_ms: int, tags: list[str] | None) -> list[Delivery]:
-        """Hand out up to `max_n` messages: redeliveries first, then new ones from the cursor.
+        """`take_rows`, decoded."""
+        return self.take_rows(g, max_n, lease_ms, tags).deliveries()
+
+    def take_rows(self, g: Group, max_n: int, lease_ms: int, tags: list[str] | None) -> Taken:
+        """Lease up to `max_n` messages: redeliveries first, then new ones from the cursor (the
+        batch core walks the ready units; one lease token covers all new ones of this take).
 
         With `tags`, messages whose tag is not listed are skipped for this group (RocketMQ's
         subscription filter): they count as consumed by it and are not redelivered.
@@ -287,53 +342,70 @@ class Groups:
         now = self.now_ms()
         self._expire(g, now)
         q = self.store.queue(g.topic)
-        wanted = {tag_hash(t) for t in tags} if tags else None
-        out: list[Delivery] = []
+        deadline = now + lease_ms
+        taken = Taken()
+        rows: list[bytes] = []
         dead_items: list[list[Any]] = []
-        skipped: list[int] = []
-        while g.retry and g.retry[0][0] <= now and len(out) < max_n:
+        while g.retry and g.retry[0][0] <= now and len(rows) < max_n:
             _, i = heapq.heappop(g.retry)
             if not g.live(i) or i in g.leases:
                 continue
-            units = q.read(i, 1)
-            if not units:
+            first, unit = q.read_packed(i, 1)
+            if first != i or not unit:
                 continue
-            u = units[0]
             attempt = g.attempts.get(i, 0) + 1
             if attempt > g.max_attempts:
-                g.dead[i] = Dead(u.seq, attempt - 1, "max_attempts")
-                dead_items.append([i, u.seq, attempt - 1, "max_attempts"])
+                seq = _UNIT_SEQ.unpack_from(unit)[0]
+                g.dead[i] = Dead(seq, attempt - 1, "max_attempts")
+                dead_items.append([i, seq, attempt - 1, "max_attempts"])
                 continue
-            out.append(self._lease(g, u, attempt, now, lease_ms))
-        while len(out) < max_n and g.cursor < q.end:
-            for u in q.read(g.cursor, min(1024, max_n - len(out)) if wanted is None else 1024):
-                g.cursor = u.index + 1
-                if u.index in g.done or u.index in g.leases:
-                    continue
-                if wanted is not None and u.tag_hash not in wanted:
-                    skipped.append(u.index)
-                    continue
-                out.append(self._lease(g, u, g.attempts.get(u.index, 0) + 1, now, lease_ms))
-                if len(out) >= max_n:
+            self._lease(g, self._token(), deadline, attempt, (i,))
+            rows.append(unit + _PULL_TAIL.pack(i, attempt, len(taken.tokens)))
+            taken.tokens.append(g.leases[i].token)
+        skipped: list[int] = []
+        if len(rows) < max_n and g.cursor < q.end:
+            token = len(taken.tokens)
+            wanted = array("I", {tag_hash(t) for t in tags}).tobytes() if tags else None
+            fresh: list[bytes] = []
+            n = len(rows)
+            while n < max_n and g.cursor < q.end:
+                first, units = q.read_packed(g.cursor, max(1, min(TAKE_READ, max_n - n)) if wanted is None else TAKE_READ)
+                if not units:
                     break
+                got, examined, skip = batch.ops.take_rows(units, first, g.excluded(first, first + len(units) // UNIT_SIZE),
+                                                          wanted, max_n - n, 1, token)
+                g.cursor = first + examined
+                if skip:
+                    skipped.extend(array("Q", skip))
+                if got:
+                    fresh.append(got)
+                    n += len(got) // PROW
+            if fresh:
+                new = b"".join(fresh)
+                self._lease(g, self._token(), deadline, 1, [i for (i,) in _PULL_INDEX.iter_unpack(new)])
+                taken.tokens.append(g.leases[_PULL_INDEX.unpack_from(new)[0]].token)
+                rows.extend(fresh)
         if skipped:
-            for i in skipped:
-                g.mark_done(i)
+            g.mark_done_many(skipped)
             self.log_event(g.topic, g.name, {"op": "ack", "idx": skipped})
         if dead_items:
-            for i, *_ in dead_items:
-                g.mark_done(i)
+            g.mark_done_many(i for i, *_ in dead_items)
             g.dead_total += len(dead_items)
             self.log_event(g.topic, g.name, {"op": "dead", "items": dead_items})
-        return out
+        taken.rows = b"".join(rows)
+        return taken
 
-    def _lease(self, g: Group, u: ReadyUnit, attempt: int, now: int, lease_ms: int) -> Delivery:
-        # Unique per lease: a salt per process (restarts) and a counter (no urandom per message).
-        token = f"{self._salt}{next(self._tokens):x}"
-        g.leases[u.index] = Lease(token, now + lease_ms, attempt)
-        heapq.heappush(g.deadlines, (now + lease_ms, u.index, token))
-        g.attempts[u.index] = attempt
-        return Delivery(u, f"{u.index:x}.{token}", attempt)
+    def _token(self) -> str:
+        # Unique per lease: a salt per process (restarts) and a counter (no urandom per lease).
+        return f"{self._salt}{next(self._tokens):x}"
+
+    def _lease(self, g: Group, token: str, deadline: int, attempt: int, indexes: Sequence[int]) -> None:
+        lease = Lease(token, deadline, attempt, indexes, len(indexes))
+        if len(indexes) == 1:
+            g.leases[indexes[0]] = lease
+        else:
+            g.leases.update(dict.fromkeys(indexes, lease))
+        heapq.heappush(g.deadlines, (deadline, next(self._heap_order), lease))
 
     # -- settle ---------------------------------------------------------------------------------
     @staticmethod
@@ -347,28 +419,41 @@ class Groups:
         except ValueError:
             return None
 
-    def _leased(self, g: Group, receipt: str, now: int) -> int | None:
-        parsed = self.parse_receipt(receipt) if isinstance(receipt, str) else None
-        if parsed is None:
-            return None
-        i, token = parsed
-        lease = g.leases.get(i)
-        if lease is None or lease.token != token or lease.deadline_ms <= now:
-            return None
-        return i
+    def _leased(self, g: Group, receipts: list[str], now: int) -> Iterator[tuple[str, int, Lease | None]]:
+        """(receipt, index, its live lease or None: stale) for each receipt. The batch core parses
+        those in canonical form; `parse_receipt` decides the others."""
+        indexes, token_ids, tokens = batch.ops.parse_receipts(receipts)
+        leases = g.leases
+        for r, i, t in zip(receipts, array("Q", indexes), array("I", token_ids), strict=True):
+            if t == _NOT_CANONICAL:
+                parsed = self.parse_receipt(r) if isinstance(r, str) else None
+                if parsed is None:
+                    yield r, -1, None
+                    continue
+                i, token = parsed
+            else:
+                token = tokens[t]
+            lease = leases.get(i)
+            if lease is None or lease.token != token or lease.deadline_ms <= now:
+                yield r, i, None
+            else:
+                yield r, i, lease
+
+    @staticmethod
+    def _release(g: Group, i: int, lease: Lease) -> None:
+        del g.leases[i]
+        lease.out -= 1
 
     def ack(self, g: Group, receipts: list[str]) -> tuple[int, list[str]]:
-        now = self.now_ms()
         acked, stale = [], []
-        for r in receipts:
-            i = self._leased(g, r, now)
-            if i is None:
+        for r, i, lease in self._leased(g, receipts, self.now_ms()):
+            if lease is None:
                 stale.append(r)
                 continue
-            del g.leases[i]
-            g.mark_done(i)
+            self._release(g, i, lease)
             acked.append(i)
         if acked:
+            g.mark_done_many(acked)
             g.acked_total += len(acked)
             self.log_event(g.topic, g.name, {"op": "ack", "idx": acked})
         return len(acked), stale
@@ -377,12 +462,11 @@ class Groups:
              reason: str = "nacked") -> tuple[int, list[str]]:
         now = self.now_ms()
         n, stale, dead_items = 0, [], []
-        for r in receipts:
-            i = self._leased(g, r, now)
-            if i is None:
+        for r, i, lease in self._leased(g, receipts, now):
+            if lease is None:
                 stale.append(r)
                 continue
-            lease = g.leases.pop(i)
+            self._release(g, i, lease)
             n += 1
             if lease.attempt >= g.max_attempts:
                 seq = self.store.queue(g.topic).read(i, 1)[0].seq
@@ -390,6 +474,7 @@ class Groups:
                 dead_items.append([i, seq, lease.attempt, reason])
                 g.mark_done(i)
                 continue
+            g.attempts[i] = lease.attempt
             wait = backoff_ms(lease.attempt) if delay_ms is None else delay_ms
             heapq.heappush(g.retry, (now + wait, i))
         g.nacked_total += n
@@ -401,7 +486,9 @@ class Groups:
         return n, stale
 
     def dead_letter(self, g: Group, index: int, seq: int, attempt: int, reason: str) -> None:
-        g.leases.pop(index, None)
+        lease = g.leases.get(index)
+        if lease is not None:
+            self._release(g, index, lease)
         g.dead[index] = Dead(seq, attempt, reason)
         g.mark_done(index)
         g.dead_total += 1
@@ -410,13 +497,14 @@ class Groups:
     def extend(self, g: Group, receipts: list[str], lease_ms: int) -> tuple[int, list[str]]:
         now = self.now_ms()
         n, stale = 0, []
-        for r in receipts:
-            i = self._leased(g, r, now)
-            if i is None:
+        for r, i, lease in self._leased(g, receipts, now):
+            if lease is None:
                 stale.append(r)
                 continue
-            g.leases[i].deadline_ms = now + lease_ms
-            heapq.heappush(g.deadlines, (now + lease_ms, i, g.leases[i].token))
+            # The message leaves its take's shared lease for one of its own, same token (its
+            # receipt stays valid), new deadline.
+            self._release(g, i, lease)
+            self._lease(g, lease.token, now + lease_ms, lease.attempt, (i,))
             n += 1
         return n, stale
 

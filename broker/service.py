@@ -8,25 +8,27 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import json
 import logging
 import re
 import time
 from array import array
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import EllipsisType
 from typing import Any
 
-from delayd.broker import errors
+from delayd.broker import codec, errors
 from delayd.broker.clock import Clock
 from delayd.broker.config import Config
-from delayd.broker.groups import Delivery, Group, Groups, decode_event, encode_event
+from delayd.broker.groups import Delivery, Group, Groups, Taken, decode_event, encode_event
 from delayd.broker.pipeline import GroupCommit, Pipeline
 from delayd.broker.push import Pusher, PushOutcome
 from delayd.broker.pushconfig import PushConfig
 from delayd.storage import batch
+from delayd.storage.batch import PROW
 from delayd.storage.browse import Page, Query
 from delayd.storage.commitlog import Record
 from delayd.storage.datadir import DataDir
@@ -54,6 +56,15 @@ class Produced:
     duplicate: bool = False
 
 
+@dataclass(slots=True)
+class _Keyed:
+    """The key check of one produce batch (`Broker._keyed`)."""
+    fresh: list[int] = field(default_factory=list)  # indexes of the messages to store
+    held: dict[int, tuple[int, int]] = field(default_factory=dict)  # index -> (seq, deliver_at) of its holder
+    same: dict[int, int] = field(default_factory=dict)  # index -> the earlier message of this batch with its key
+    cancels: list[tuple[int, str, str | None]] = field(default_factory=list)  # holders replaced: (seq, topic, key)
+
+
 class BrokerState(enum.Enum):
     """The broker's lifecycle, in order (`/readyz` is 200 only while READY)."""
     INITIAL = "initial"  # built; the data directory is not open yet
@@ -72,6 +83,9 @@ class Broker:
         self.data: DataDir | None = None
         self.node_id = config.node_id  # the data directory's, once it is open
         self._id_prefix = config.node_id + "-"
+        # what the batch core checks a message against (the order of storage.batch.encode_produce's limits)
+        self._limits = (config.max_body_bytes, config.max_delay_ms, codec.MAX_TAG_CHARS, codec.MAX_TAG_BYTES,
+                        codec.MAX_KEY_BYTES, codec.MAX_HEADERS, codec.MAX_HEADER_BYTES)
         self.store: Store | None = None
         self.pipeline: Pipeline | None = None
         self.groups: Groups | None = None
@@ -258,7 +272,8 @@ class Broker:
         return self.store
 
     async def produce(self, messages: list[NewMessage], replace: list[bool] | None = None) -> list[Produced]:
-        """Store messages (all or nothing) and answer once they are durable.
+        """Store messages of one topic (all or nothing) and answer once they are durable: the
+        reference path (JSON bodies, and msgpack bodies `produce_raw` does not decide).
 
         Keys: a key held by a pending message (or one delivered within the dedup window)
         makes the message a duplicate: nothing is stored and the holder is answered. With
@@ -266,56 +281,113 @@ class Broker:
         from lookup to append runs without yielding, so two concurrent produces of one key
         cannot both store a message.
         """
+        store = self._writable()
+        now = self.clock.now_ms()
+        replace = replace or [False] * len(messages)
+        topic = messages[0].topic if messages else ""
+        assert all(m.topic == topic for m in messages), "one topic per produce"
+        keys = [m.key for m in messages]
+        found = self._keyed(store, topic, keys, replace, now) if any(k is not None for k in keys) else None
+        fresh_at = found.fresh if found is not None else range(len(messages))
+        fresh = [messages[i] for i in fresh_at]
+        results: list[Produced | None] = [None] * len(messages)
+        if fresh:
+            # A failure here (disk full, no descriptors) is answered by broker.errors' table.
+            seqs = store.append_messages(fresh, now, found.cancels if found is not None else [])
+            for i, seq in zip(fresh_at, seqs, strict=True):
+                results[i] = Produced(self.message_id(seq), messages[i].deliver_at)
+            assert self.pipeline is not None
+            self.pipeline.appended.set()
+        if found is not None:
+            for i, holder in found.held.items():
+                results[i] = Produced(self.message_id(holder[0]), holder[1], duplicate=True)
+            for i, first in found.same.items():
+                r = results[first]
+                assert r is not None
+                results[i] = Produced(r.id, r.deliver_at, duplicate=True)
+        # Also for pure duplicates: the holder may itself still be on its way to the disk.
+        await self._durable()
+        return [r for r in results if r is not None]
+
+    async def produce_raw(self, topic: str, raw: bytes | bytearray, as_json: bool) -> bytes | None:
+        """A msgpack produce body straight to records and its answer straight to bytes (the
+        batch core's `encode_produce_raw` and `encode_produced`): `produce` without a Python
+        object per message. None when the core does not decide the body; the caller then
+        parses it and calls `produce`, which answers it (an invalid body's error included).
+        Nothing is stored before the body is decided."""
+        store = self._writable()
+        now = self.clock.now_ms()
+        cfg = self.cfg
+        topic_b = topic.encode()
+        args = (topic_b, now, store.next_seq, self._limits, cfg.max_batch, cfg.max_request_elements)
+        got = batch.ops.encode_produce_raw(raw, *args, None)
+        if got is None:
+            return None
+        records, sizes, dues, keys, replace = got
+        n = len(dues) // 8
+        deliver_at = array("q", dues)
+        found = None
+        if keys is not None or replace is not None:
+            try:
+                found = self._keyed(store, topic, keys or [None] * n, replace or [False] * n, now)
+            except errors.InvalidMessage:
+                return None  # `produce` raises it again, as the reference path does everything
+            if len(found.fresh) < n:
+                records, sizes, *_ = batch.ops.encode_produce_raw(raw, *args, array("I", found.fresh).tobytes())
+        fresh = found.fresh if found is not None else range(n)
+        seqs = array("Q", bytes(8 * n))
+        duplicate = bytearray(n)
+        if fresh:
+            keyed = [(keys[i], deliver_at[i]) for i in fresh] if keys is not None else None
+            first = store.append_packed(topic, records, sizes, now, keyed, found.cancels if found is not None else [])
+            for j, i in enumerate(fresh):
+                seqs[i] = first + j
+            assert self.pipeline is not None
+            self.pipeline.appended.set()
+        if found is not None:
+            for i, (seq, due) in found.held.items():
+                seqs[i], deliver_at[i], duplicate[i] = seq, due, 1
+            for i, k in found.same.items():
+                seqs[i], deliver_at[i], duplicate[i] = seqs[k], deliver_at[k], 1
+        answer = batch.ops.encode_produced(seqs.tobytes(), deliver_at.tobytes(), bytes(duplicate),
+                                           self._id_prefix.encode(), as_json)
+        await self._durable()  # also for pure duplicates: the holder may still be on its way to the disk
+        if answer is None:  # JSON with a node id the core does not write itself
+            answer = json.dumps({"messages": [{"id": self.message_id(s), "deliver_at": d, "duplicate": bool(u)}
+                                              for s, d, u in zip(seqs, deliver_at, duplicate, strict=True)]},
+                                separators=(",", ":")).encode()
+        return answer
+
+    def _writable(self) -> Store:
         store = self._require_ready()
         if store.commit.end - store.indexed > self.cfg.max_unindexed_bytes:
             raise errors.Backpressure("indexing is behind; retry shortly", retry_after_s=1)
-        now = self.clock.now_ms()
-        replace = replace or [False] * len(messages)
-        results: list[Produced | int | None] = [None] * len(messages)  # int: index of an earlier new one
-        fresh: list[NewMessage] = []
-        fresh_at: list[int] = []
-        cancels: list[tuple[int, str, str | None]] = []
+        return store
+
+    def _keyed(self, store: Store, topic: str, keys: list[str | None], replace: list[bool], now: int) -> _Keyed:
+        """Which messages of a keyed batch are stored, and what the others answer (see `produce`)."""
+        out = _Keyed()
         in_batch: dict[str, int] = {}
-        by_topic: dict[str, list[str]] = {}
-        for m in messages:
-            if m.key is not None:
-                by_topic.setdefault(m.topic, []).append(m.key)
-        holders = {(t, k): h for t, ks in by_topic.items() for k, h in store.key_holders(t, ks).items()}
-        for i, m in enumerate(messages):
-            if m.key is not None:
-                if m.key in in_batch:
+        holders = store.key_holders(topic, [k for k in keys if k is not None])
+        for i, key in enumerate(keys):
+            if key is not None:
+                if key in in_batch:
                     if replace[i]:
-                        raise errors.InvalidMessage(f"message {i}: key {m.key!r} repeats in this batch", index=i)
-                    results[i] = in_batch[m.key]
+                        raise errors.InvalidMessage(f"message {i}: key {key!r} repeats in this batch", index=i)
+                    out.same[i] = in_batch[key]
                     continue
-                holder = holders.get((m.topic, m.key))
+                holder = holders.get(key)
                 if holder is not None:
                     seq, st, deliver_at, done_at = holder
                     if st == MessageState.SCHEDULED and replace[i]:
-                        cancels.append((seq, m.topic, m.key))
+                        out.cancels.append((seq, topic, key))
                     elif st == MessageState.SCHEDULED or (
                             not replace[i] and now - (done_at or deliver_at) < self.cfg.dedup_window_ms):
-                        results[i] = Produced(self.message_id(seq), deliver_at, duplicate=True)
+                        out.held[i] = (seq, deliver_at)
                         continue
-                in_batch[m.key] = i
-            fresh.append(m)
-            fresh_at.append(i)
-        if fresh:
-            # A failure here (disk full, no descriptors) is answered by broker.errors' table.
-            seqs = store.append_messages(fresh, now, cancels)
-            prefix = self._id_prefix
-            for i, seq, m in zip(fresh_at, seqs, fresh, strict=True):
-                results[i] = Produced(prefix + format(seq, "x"), m.deliver_at)
-            assert self.pipeline is not None
-            self.pipeline.appended.set()
-        for i, r in enumerate(results):
-            if isinstance(r, int):
-                first = results[r]
-                assert isinstance(first, Produced)
-                results[i] = Produced(first.id, first.deliver_at, duplicate=True)
-        # Also for pure duplicates: the holder may itself still be on its way to the disk.
-        await self._durable()
-        return [r for r in results if isinstance(r, Produced)]
+                in_batch[key] = i
+            out.fresh.append(i)
+        return out
 
     async def _durable(self) -> None:
         assert self.committer is not None
@@ -389,10 +461,10 @@ class Broker:
         return g
 
     async def pull(self, topic: str, name: str, max_n: int, wait_ms: int, lease_ms: int,
-                   tags: list[str] | None, gone: Callable[[], bool] = lambda: False,
-                   ) -> list[tuple[Delivery, Record]]:
+                   tags: list[str] | None, gone: Callable[[], bool] = lambda: False) -> Taken:
         """Lease up to `max_n` due messages, waiting up to `wait_ms` for the first. `gone`
-        says the client hung up: then nothing is leased (it would sit out its lease)."""
+        says the client hung up: then nothing is leased (it would sit out its lease). The
+        answer is made by `pulled_msgpack` or `pulled`."""
         g = self.group(topic, name)
         assert self.groups is not None
         deadline = self.clock.monotonic() + wait_ms / 1000
@@ -401,8 +473,8 @@ class Broker:
                 raise errors.PushSubscription(f"group {name!r} of topic {topic!r} is a push subscription; "
                                               "PUT it with \"push\": null to pull from it")
             if gone() or g.deleted:
-                return []
-            got = self.groups.take(g, max_n, lease_ms, tags)
+                return Taken()
+            got = self.groups.take_rows(g, max_n, lease_ms, tags)
             left = deadline - self.clock.monotonic()
             if got or left <= 0 or self.state is not BrokerState.READY:
                 break
@@ -415,13 +487,29 @@ class Broker:
                 await asyncio.wait_for(ev.wait(), left)
             except TimeoutError:
                 pass
-        out = []
+        return got
+
+    def pulled_msgpack(self, taken: Taken) -> bytes | None:
+        """The msgpack answer of a pull, made by the batch core from the leased rows and one
+        read per stretch of the log; None when a record needs the slow path (`pulled`: a read
+        that crossed a segment's end, or a record that does not check out)."""
         assert self.store is not None
+        reads = self.store.dispatch.read_runs(taken.rows, PROW)
+        body, problems = batch.ops.encode_pull(taken.rows, self._id_prefix.encode(), taken.tokens, reads)
+        return None if problems else body
+
+    def pulled(self, topic: str, name: str, taken: Taken) -> list[tuple[Delivery, Record]]:
+        """The leased messages with their records; one whose record is unreadable is
+        dead-lettered instead (a damaged record would otherwise come back forever)."""
+        assert self.store is not None and self.groups is not None
+        got = taken.deliveries()
+        out = []
         recs = self.store.read_many([(d.unit.commit_offset, d.unit.commit_size) for d in got])
+        g = self.groups.groups.get(f"{topic}/{name}")
         for d, rec in zip(got, recs, strict=True):
             if isinstance(rec, Record):
                 out.append((d, rec))
-            else:
+            elif g is not None:
                 log.error("ready message %d unreadable (%s); dead-lettering it", d.unit.seq, rec)
                 self.groups.dead_letter(g, d.unit.index, d.unit.seq, d.attempt, "unreadable")
         return out

@@ -356,6 +356,104 @@ static inline void span_touch(Span *s, Py_ssize_t lo, Py_ssize_t hi) {
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* msgpack, read                                                                               */
+
+static int utf8_ok(const uint8_t *s, size_t n);
+
+/* A msgpack reader over one buffer: every read is bounds-checked; a value it does not take is
+ * "not decided" (0), never guessed at. */
+typedef struct {
+    const uint8_t *p, *end;
+} Mp;
+
+enum { MK_NIL, MK_FALSE, MK_TRUE, MK_INT, MK_UINT, MK_STR, MK_BIN, MK_MAP, MK_OTHER };
+
+typedef struct {
+    int kind;
+    int64_t i;          /* MK_INT (negative, or any signed encoding) */
+    uint64_t u;         /* MK_UINT */
+    const uint8_t *s;   /* MK_STR, MK_BIN: the payload */
+    uint64_t n;         /* MK_STR, MK_BIN: payload length; MK_MAP: entries */
+} MpVal;
+
+static inline int mp_need(const Mp *m, size_t k) { return (size_t)(m->end - m->p) >= k; }
+
+static uint64_t be(const uint8_t *p, int k) {
+    uint64_t v = 0;
+    for (int i = 0; i < k; i++) v = (v << 8) | p[i];
+    return v;
+}
+
+/* One value's header (and a str/bin's payload): 1 read, 0 truncated or a form taken by no one. */
+static int mp_read(Mp *m, MpVal *v) {
+    if (!mp_need(m, 1)) return 0;
+    uint8_t t = *m->p++;
+    int k = 0;
+    v->s = NULL;
+    v->n = 0;
+    if (t <= 0x7f) { v->kind = MK_UINT; v->u = t; return 1; }
+    if (t >= 0xe0) { v->kind = MK_INT; v->i = (int8_t)t; return 1; }
+    if ((t & 0xf0) == 0x80) { v->kind = MK_MAP; v->n = t & 0x0f; return 1; }
+    if ((t & 0xe0) == 0xa0) { v->kind = MK_STR; v->n = t & 0x1f; goto payload; }
+    switch (t) {
+    case 0xc0: v->kind = MK_NIL; return 1;
+    case 0xc2: v->kind = MK_FALSE; return 1;
+    case 0xc3: v->kind = MK_TRUE; return 1;
+    case 0xc4: case 0xc5: case 0xc6:
+        k = 1 << (t - 0xc4);
+        if (!mp_need(m, (size_t)k)) return 0;
+        v->kind = MK_BIN; v->n = be(m->p, k); m->p += k;
+        goto payload;
+    case 0xd9: case 0xda: case 0xdb:
+        k = 1 << (t - 0xd9);
+        if (!mp_need(m, (size_t)k)) return 0;
+        v->kind = MK_STR; v->n = be(m->p, k); m->p += k;
+        goto payload;
+    case 0xcc: case 0xcd: case 0xce: case 0xcf:
+        k = 1 << (t - 0xcc);
+        if (!mp_need(m, (size_t)k)) return 0;
+        v->kind = MK_UINT; v->u = be(m->p, k); m->p += k;
+        return 1;
+    case 0xd0: case 0xd1: case 0xd2: case 0xd3: {
+        k = 1 << (t - 0xd0);
+        if (!mp_need(m, (size_t)k)) return 0;
+        uint64_t raw = be(m->p, k);
+        m->p += k;
+        int shift = 64 - 8 * k;
+        v->kind = MK_INT;
+        v->i = shift ? (int64_t)(raw << shift) >> shift : (int64_t)raw;
+        return 1;
+    }
+    case 0xde: case 0xdf:
+        k = t == 0xde ? 2 : 4;
+        if (!mp_need(m, (size_t)k)) return 0;
+        v->kind = MK_MAP; v->n = be(m->p, k); m->p += k;
+        return 1;
+    default:
+        v->kind = MK_OTHER;  /* arrays, floats, ext, 0xc1: nothing a decided message holds */
+        return 1;
+    }
+payload:
+    if (!mp_need(m, v->n)) return 0;
+    v->s = m->p;
+    m->p += v->n;
+    return v->kind != MK_STR || utf8_ok(v->s, v->n);
+}
+
+/* An integer value as i64: 1, or 0 when it is not an integer or out of i64's range. */
+static int mp_i64(const MpVal *v, int64_t *out) {
+    if (v->kind == MK_INT) { *out = v->i; return 1; }
+    if (v->kind == MK_UINT && v->u <= (uint64_t)INT64_MAX) { *out = (int64_t)v->u; return 1; }
+    return 0;
+}
+
+static size_t utf8_chars(const uint8_t *s, size_t n) {
+    size_t c = 0;
+    for (size_t i = 0; i < n; i++) c += (s[i] & 0xC0) != 0x80;
+    return c;
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* produce: validate a batch of message objects and encode it into commit-log records          */
 
 enum { F_BODY, F_BODY_B64, F_DELAY, F_DELIVER_AT, F_KEY, F_TAG, F_HEADERS, F_REPLACE, F_COUNT };
@@ -370,6 +468,9 @@ typedef struct {
     const char *tag;
     Py_ssize_t tag_len;
     PyObject *headers;    /* borrowed dict, NULL when none */
+    const uint8_t *hdr_raw;  /* or: the entries of a msgpack map in the request body (str: str each) */
+    const uint8_t *hdr_end;  /* the end of that body */
+    Py_ssize_t hdr_count;
     Py_ssize_t hdr_len;   /* msgpack-encoded length */
     int64_t deliver_at;
     int replace;
@@ -521,12 +622,21 @@ static uint8_t *encode_record(uint8_t *p, const Item *it, const uint8_t *topic, 
             p = mp_str(p, ks, kl);
             p = mp_str(p, vs, vl);
         }
+    } else if (it->hdr_raw) {  /* re-encoded in the shortest form, as msgpack.packb writes it */
+        p = mp_map_header(p, it->hdr_count);
+        Mp m = {it->hdr_raw, it->hdr_end};
+        MpVal s;
+        for (Py_ssize_t e = 0; e < 2 * it->hdr_count && mp_read(&m, &s); e++)  /* (each a whole str: checked) */
+            p = mp_str(p, (const char *)s.s, (Py_ssize_t)s.n);
     }
     memcpy(p, it->body, (size_t)it->body_len);
     p += it->body_len;
     wr32(start + 4, crc32_update(0, start + 8, length - 8));
     return p;
 }
+
+static PyObject *encode_items(const Item *its, Py_ssize_t n, const uint8_t *topic, Py_ssize_t topic_len,
+                              int64_t now_ms, int64_t first_seq, PyObject *select_o);
 
 /* encode_produce(items, topic, now_ms, first_seq, limits, select) -> tuple | None
  *
@@ -553,15 +663,28 @@ static PyObject *encode_produce(PyObject *self, PyObject *args) {
     Py_ssize_t n = PyList_GET_SIZE(items);
     Item *its = PyMem_Calloc(n ? (size_t)n : 1, sizeof(Item));
     if (!its) return PyErr_NoMemory();
+    PyObject *result = NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int r = parse_item(PyList_GET_ITEM(items, i), now_ms, &lim, &its[i]);
+        if (r < 0) goto done;
+        if (r == 0) { result = Py_None; Py_INCREF(Py_None); goto done; }
+    }
+    result = encode_items(its, n, topic, topic_len, now_ms, first_seq, select_o);
+done:
+    PyMem_Free(its);
+    return result;
+}
+
+/* The records, sizes, due times, keys and replace flags of parsed items (encode_produce's result),
+ * None when a selected item's record would pass MAX_RECORD, NULL with an error set. */
+static PyObject *encode_items(const Item *its, Py_ssize_t n, const uint8_t *topic, Py_ssize_t topic_len,
+                              int64_t now_ms, int64_t first_seq, PyObject *select_o) {
     PyObject *result = NULL, *keys = Py_None, *replace = Py_None, *records = NULL, *sizes = NULL, *dues = NULL;
     Py_INCREF(Py_None);
     Py_INCREF(Py_None);
     Buf sel = {.held = 0};
     int any_key = 0, any_replace = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
-        int r = parse_item(PyList_GET_ITEM(items, i), now_ms, &lim, &its[i]);
-        if (r < 0) goto done;
-        if (r == 0) { result = Py_None; Py_INCREF(Py_None); goto done; }
         any_key |= its[i].key != NULL;
         any_replace |= its[i].replace;
     }
@@ -619,12 +742,156 @@ static PyObject *encode_produce(PyObject *self, PyObject *args) {
     result = PyTuple_Pack(5, records, sizes, dues, keys, replace);
 done:
     buf_release(&sel);
-    PyMem_Free(its);
     Py_XDECREF(records);
     Py_XDECREF(sizes);
     Py_XDECREF(dues);
     Py_XDECREF(keys);
     Py_XDECREF(replace);
+    return result;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* produce from the request body itself: msgpack {"messages": [...]} to records, no objects    */
+
+#define MAX_RAW_HEADERS 64  /* a message with more is left to the reference parser */
+
+/* One message map of a raw batch into *it (the same checks as parse_item, on the bytes): 1
+ * decided, 0 not (the reference parser decides). `elements` counts map keys and values. */
+static int parse_raw_item(Mp *m, int64_t now_ms, const Limits *lim, Item *it, int64_t *elements) {
+    MpVal v, k;
+    memset(it, 0, sizeof(*it));
+    if (!mp_read(m, &v) || v.kind != MK_MAP || v.n > F_COUNT) return 0;
+    uint64_t fields = v.n;
+    *elements += 2 * (int64_t)fields;
+    unsigned seen = 0;
+    int has_body = 0;
+    for (uint64_t e = 0; e < fields; e++) {
+        if (!mp_read(m, &k) || k.kind != MK_STR) return 0;
+        int f = -1;
+        for (int i = 0; i < F_COUNT; i++) {
+            size_t fl = strlen(field_cstr[i]);
+            if (k.n == fl && memcmp(k.s, field_cstr[i], fl) == 0) { f = i; break; }
+        }
+        if (f < 0 || f == F_BODY_B64 || (seen & (1u << f))) return 0;  /* unknown, body_b64, a repeat */
+        seen |= 1u << f;
+        if (!mp_read(m, &v)) return 0;
+        int64_t x;
+        switch (f) {
+        case F_BODY:
+            if (v.kind != MK_STR && v.kind != MK_BIN) return 0;
+            it->body = (const char *)v.s;
+            it->body_len = (Py_ssize_t)v.n;
+            has_body = 1;
+            break;
+        case F_DELAY:
+            if (!mp_i64(&v, &x) || x < 0 || x > lim->max_delay) return 0;
+            it->deliver_at = now_ms + x;
+            break;
+        case F_DELIVER_AT:
+            if (!mp_i64(&v, &x) || x < 0 || x > now_ms + lim->max_delay) return 0;
+            it->deliver_at = x;
+            break;
+        case F_KEY:
+            if (v.kind == MK_NIL) break;
+            if (v.kind != MK_STR || v.n < 1 || (int64_t)v.n > lim->max_key_bytes || v.n > 65535) return 0;
+            it->key = (const char *)v.s;
+            it->key_len = (Py_ssize_t)v.n;
+            break;
+        case F_TAG:
+            if (v.kind == MK_NIL) break;
+            if (v.kind != MK_STR || (int64_t)utf8_chars(v.s, v.n) > lim->max_tag_chars ||
+                (int64_t)v.n > lim->max_tag_bytes || v.n > 255)
+                return 0;
+            if (v.n) { it->tag = (const char *)v.s; it->tag_len = (Py_ssize_t)v.n; }
+            break;
+        case F_HEADERS: {
+            if (v.kind == MK_NIL) break;
+            if (v.kind != MK_MAP || (int64_t)v.n > lim->max_headers || v.n > MAX_RAW_HEADERS) return 0;
+            *elements += 2 * (int64_t)v.n;
+            if (!v.n) break;
+            const uint8_t *first = m->p, *names[MAX_RAW_HEADERS];
+            uint64_t lens[MAX_RAW_HEADERS];
+            Py_ssize_t size = 0, enc = mp_map_header_len((Py_ssize_t)v.n);
+            MpVal hk, hv;
+            for (uint64_t h = 0; h < v.n; h++) {
+                if (!mp_read(m, &hk) || hk.kind != MK_STR || !mp_read(m, &hv) || hv.kind != MK_STR) return 0;
+                for (uint64_t j = 0; j < h; j++)  /* a repeated name: the reference keeps the last value */
+                    if (lens[j] == hk.n && memcmp(names[j], hk.s, hk.n) == 0) return 0;
+                names[h] = hk.s;
+                lens[h] = hk.n;
+                size += (Py_ssize_t)(hk.n + hv.n);
+                enc += mp_str_len((Py_ssize_t)hk.n) + mp_str_len((Py_ssize_t)hv.n);
+            }
+            if (size > lim->max_header_bytes || enc > 65535) return 0;
+            it->hdr_raw = first;
+            it->hdr_end = m->end;
+            it->hdr_count = (Py_ssize_t)v.n;
+            it->hdr_len = enc;
+            break;
+        }
+        case F_REPLACE:
+            if (v.kind == MK_TRUE) it->replace = 1;
+            else if (v.kind != MK_FALSE) return 0;
+            break;
+        }
+    }
+    if (!has_body || it->body_len > lim->max_body) return 0;
+    if ((seen & (1u << F_DELAY)) && (seen & (1u << F_DELIVER_AT))) return 0;
+    if (!(seen & ((1u << F_DELAY) | (1u << F_DELIVER_AT)))) it->deliver_at = now_ms;
+    return 1;
+}
+
+/* encode_produce_raw(raw, topic, now_ms, first_seq, limits, max_batch, max_elements, select)
+ *
+ * encode_produce for a msgpack produce body as it arrived, {"messages": [...]}, read straight from
+ * the bytes. None when this does not decide the body; then the caller's reference path does. It
+ * decides a subset of what the reference (storage.batch) decides — never a body the reference
+ * leaves undecided — and where it decides, its result is the reference's, byte for byte. */
+static PyObject *encode_produce_raw(PyObject *self, PyObject *args) {
+    PyObject *raw_o, *topic_o, *limits_o, *select_o;
+    long long now_ms, first_seq, max_batch, max_elements;
+    if (!PyArg_ParseTuple(args, "OO!LLO!LLO", &raw_o, &PyBytes_Type, &topic_o, &now_ms, &first_seq, &PyTuple_Type,
+                          &limits_o, &max_batch, &max_elements, &select_o))
+        return NULL;
+    Limits lim;
+    if (!PyArg_ParseTuple(limits_o, "LLLLLLL", &lim.max_body, &lim.max_delay, &lim.max_tag_chars, &lim.max_tag_bytes,
+                          &lim.max_key_bytes, &lim.max_headers, &lim.max_header_bytes))
+        return NULL;
+    const uint8_t *topic = (const uint8_t *)PyBytes_AS_STRING(topic_o);
+    Py_ssize_t topic_len = PyBytes_GET_SIZE(topic_o);
+    if (topic_len < 1 || topic_len > 255) { PyErr_SetString(PyExc_ValueError, "topic must be 1-255 bytes"); return NULL; }
+    Buf raw;
+    if (buf_get(raw_o, &raw, 0, "raw") < 0) return NULL;
+    Item *its = NULL;
+    PyObject *result = NULL;
+    Mp m = {raw.view.buf, (const uint8_t *)raw.view.buf + raw.view.len};
+    MpVal v;
+    int64_t elements = 0;
+    /* {"messages": [ ... ]}: one field, exactly that name, an array of 1..max_batch */
+    if (!mp_read(&m, &v) || v.kind != MK_MAP || v.n != 1 || !mp_read(&m, &v) || v.kind != MK_STR || v.n != 8 ||
+        memcmp(v.s, "messages", 8) != 0 || !mp_need(&m, 1))
+        goto undecided;
+    uint8_t t = *m.p++;
+    uint64_t n;
+    if ((t & 0xf0) == 0x90) n = t & 0x0f;
+    else if (t == 0xdc && mp_need(&m, 2)) { n = be(m.p, 2); m.p += 2; }
+    else if (t == 0xdd && mp_need(&m, 4)) { n = be(m.p, 4); m.p += 4; }
+    else goto undecided;
+    if (n < 1 || (long long)n > max_batch || n > (uint64_t)raw.view.len) goto undecided;
+    elements = 2 + (int64_t)n;
+    its = PyMem_Calloc((size_t)n, sizeof(Item));
+    if (!its) { PyErr_NoMemory(); goto done; }
+    for (uint64_t i = 0; i < n; i++)
+        if (!parse_raw_item(&m, now_ms, &lim, &its[i], &elements)) goto undecided;
+    if (m.p != m.end || elements > max_elements) goto undecided;
+    result = encode_items(its, (Py_ssize_t)n, topic, topic_len, now_ms, first_seq, select_o);
+    goto done;
+undecided:
+    result = Py_None;
+    Py_INCREF(Py_None);
+done:
+    PyMem_Free(its);
+    buf_release(&raw);
     return result;
 }
 
@@ -1551,6 +1818,76 @@ static PyObject *seq_runs(PyObject *self, PyObject *args) {
     return out;
 }
 
+/* read_plan(rows, stride, bases, span, gap) -> bytes: the stretches of the commit log to read for
+ * the records located at the start of each row ((offset i64, size u32), rows of `stride` bytes),
+ * as (start, end) i64 pairs in offset order: neighbours at most `gap` apart share a stretch of at
+ * most `span` bytes, and no stretch runs past the next segment base (`bases`: ascending i64). */
+typedef struct {
+    int64_t off;
+    int64_t end;
+} Loc;
+
+static int cmp_loc(const void *a, const void *b) {
+    const Loc *x = a, *y = b;
+    if (x->off != y->off) return x->off < y->off ? -1 : 1;
+    return x->end < y->end ? -1 : x->end > y->end;
+}
+
+static PyObject *read_plan(PyObject *self, PyObject *args) {
+    PyObject *ro, *bo;
+    Py_ssize_t stride;
+    long long span, gap;
+    if (!PyArg_ParseTuple(args, "OnOLL", &ro, &stride, &bo, &span, &gap)) return NULL;
+    if (stride < 12 || span < 0 || gap < 0) { PyErr_SetString(PyExc_ValueError, "stride/span/gap"); return NULL; }
+    Buf r, b;
+    if (buf_get(ro, &r, 0, "rows") < 0) return NULL;
+    if (buf_get(bo, &b, 0, "bases") < 0) { buf_release(&r); return NULL; }
+    PyObject *res = NULL;
+    Loc *locs = NULL;
+    Out out = {0};
+    const uint8_t *rb = r.view.buf, *bb = b.view.buf;
+    Py_ssize_t nb = b.view.len / 8;
+    if (r.view.len % stride || b.view.len % 8) { PyErr_SetString(PyExc_ValueError, "rows/bases"); goto done; }
+    for (Py_ssize_t k = 1; k < nb; k++)
+        if (rdi64(bb + (k - 1) * 8) > rdi64(bb + k * 8)) { PyErr_SetString(PyExc_ValueError, "bases must ascend"); goto done; }
+    Py_ssize_t n = r.view.len / stride;
+    locs = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(Loc));
+    if (!locs) { PyErr_NoMemory(); goto done; }
+    int sorted = 1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t off = rdi64(rb + i * stride);
+        uint32_t size = rd32(rb + i * stride + 8);
+        locs[i].off = off;
+        locs[i].end = off > INT64_MAX - (int64_t)size ? INT64_MAX : off + (int64_t)size;
+        if (i && cmp_loc(&locs[i - 1], &locs[i]) > 0) sorted = 0;
+    }
+    if (!sorted) qsort(locs, (size_t)n, sizeof(Loc), cmp_loc);
+    Py_ssize_t seg = 0;
+    for (Py_ssize_t i = 0; i < n;) {
+        int64_t start = locs[i].off, end = locs[i].end;
+        while (seg < nb && rdi64(bb + seg * 8) <= start) seg++;
+        int64_t limit = seg < nb ? rdi64(bb + seg * 8) : INT64_MAX;  /* the first base past start */
+        Py_ssize_t k = i + 1;
+        while (k < n && locs[k].end <= limit && (uint64_t)locs[k].end - (uint64_t)start <= (uint64_t)span &&
+               (locs[k].off <= end || (uint64_t)locs[k].off - (uint64_t)end <= (uint64_t)gap)) {
+            if (locs[k].end > end) end = locs[k].end;
+            k++;
+        }
+        uint8_t *w = out_take(&out, 16);
+        if (!w) goto done;
+        wri64(w, start);
+        wri64(w + 8, end);
+        i = k;
+    }
+    res = out_bytes(&out);
+done:
+    PyMem_Free(locs);
+    PyMem_Free(out.p);
+    buf_release(&r);
+    buf_release(&b);
+    return res;
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* pull: the answer to a pull, encoded once, from ready units and their records                */
 
@@ -2129,6 +2466,7 @@ done:
 static PyMethodDef methods[] = {
     {"crc32", py_crc32, METH_VARARGS, "zlib.crc32"},
     {"encode_produce", encode_produce, METH_VARARGS, "validate and encode a produce batch"},
+    {"encode_produce_raw", encode_produce_raw, METH_VARARGS, "validate and encode a msgpack produce body"},
     {"produced_rows", produced_rows, METH_VARARGS, "message-table entries and MessageRows of appended records"},
     {"scan_rows", scan_rows, METH_VARARGS, "decode commit-log records into MessageRows"},
     {"scan_starts", scan_starts, METH_VARARGS, "commitlog.scan_buffer's loop"},
@@ -2148,6 +2486,7 @@ static PyMethodDef methods[] = {
     {"tally", tally, METH_VARARGS, "count the values of an i64 field of rows"},
     {"take_rows", take_rows, METH_VARARGS, "a group's new messages from its cursor, as PullRows"},
     {"encode_produced", encode_produced, METH_VARARGS, "the answer of a produce"},
+    {"read_plan", read_plan, METH_VARARGS, "the stretches of the log to read for records"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -72,6 +72,7 @@ FLAG_SLOT = 1  # message-table flags bit: counted in the per-slot schedule (stor
 
 SCAN_OK, SCAN_TORN, SCAN_CORRUPT, SCAN_VERSION = 0, 1, 2, 3
 SCAN_READ = 1 << 20  # read_rows reads at most this much of the log at once
+I64_MAX = (1 << 63) - 1
 KIND_DROP, KIND_DUE, KIND_ROLL = 0, 1, 2
 _FIELDS = frozenset({"body", "body_b64", "delay_ms", "deliver_at", "key", "tag", "headers", "replace"})
 _CONTINUED = int(RecordFlag.CONTINUED)
@@ -258,10 +259,41 @@ def encode_produce(items: list[Any], topic: bytes, now_ms: int, first_seq: int, 
             struct.pack(f"<{len(parsed)}q", *(p[1] for p in parsed)), keys, replace)
 
 
+def encode_produce_raw(raw: bytes | bytearray | memoryview, topic: bytes, now_ms: int, first_seq: int,
+                       limits: tuple[int, ...], max_batch: int, max_elements: int, select: bytes | None
+                       ) -> tuple[bytes, bytes, bytes, list[str | None] | None, list[bool] | None] | None:
+    """`encode_produce` for a msgpack produce body as it arrived: exactly `{"messages": [...]}`
+    with 1..max_batch messages, nothing after it, and at most `max_elements` map keys, values and
+    array items in all (broker.bodies' element budget). None when it does not decide the body.
+
+    The compiled version reads the bytes without building objects and may leave undecided what
+    this one decides (a map key given twice, a header name given twice, more than 64 headers):
+    where it decides, the result is this one's, byte for byte, and it never decides a body this
+    one leaves undecided. An undecided body goes to the API's full parser, which answers it."""
+    try:
+        top = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+    except Exception:  # noqa: BLE001 - whatever does not decode is the full parser's to answer
+        return None
+    if type(top) is not dict or list(top) != ["messages"]:
+        return None
+    items = top["messages"]
+    if type(items) is not list or not 1 <= len(items) <= max_batch:
+        return None
+    elements = 2 + len(items)
+    for m in items:
+        if type(m) is dict:
+            h = m.get("headers")
+            elements += 2 * len(m) + (2 * len(h) if type(h) is dict else 0)
+    if elements > max_elements:
+        return None
+    return encode_produce(items, topic, now_ms, first_seq, limits, select)
+
+
 def produced_rows(records: bytes, offsets: bytes, topic_hash: int) -> tuple[bytes, bytes]:
     """For records just appended (whole records back to back, and each one's commit-log offset as
     i64): their message-table entries (SCHEDULED, flags 0, roll 0, size, offset) and the
     MessageRows enqueue-put indexes — what a scan of the log would give, without reading it."""
+    offsets = memoryview(offsets).cast("B")  # bytes, or the array('q') CommitLog.append_packed returns
     _need(len(offsets) % 8 == 0, "offsets must be i64")
     n = len(offsets) // 8
     offs = struct.unpack(f"<{n}q", offsets)
@@ -711,6 +743,33 @@ def encode_pull(rows: bytes, prefix: bytes, tokens: list[str], reads: list[tuple
                     "tag": tag, "headers": headers, "body": raw[tl + gl + kl + hl:], "deliver_at": deliver_at,
                     "delivered_at": released_at, "attempt": attempt})
     return msgpack.packb({"messages": out}, use_bin_type=True), problems
+
+
+def read_plan(rows: bytes, stride: int, bases: bytes, span: int, gap: int) -> bytes:
+    """The stretches of the commit log to read for the records located at the start of each row
+    ((offset i64, size u32), rows of `stride` bytes): (start, end) i64 pairs in offset order.
+    Records at most `gap` apart share a stretch of at most `span` bytes, and no stretch runs past
+    the first segment base (`bases`: ascending i64) after its start."""
+    _need(stride >= 12 and span >= 0 and gap >= 0, "stride/span/gap")
+    _need(len(rows) % stride == 0 and len(bases) % 8 == 0, "rows/bases")
+    bs = list(struct.unpack(f"<{len(bases) // 8}q", bases))
+    _need(bs == sorted(bs), "bases must ascend")
+    loc = struct.Struct(f"<qI{stride - 12}x")
+    locs = sorted((off, min(off + size, I64_MAX)) for off, size in loc.iter_unpack(rows))
+    out = []
+    i = seg = 0
+    while i < len(locs):
+        start, end = locs[i]
+        while seg < len(bs) and bs[seg] <= start:
+            seg += 1
+        limit = bs[seg] if seg < len(bs) else I64_MAX
+        k = i + 1
+        while k < len(locs) and locs[k][1] <= limit and locs[k][1] - start <= span and locs[k][0] - end <= gap:
+            end = max(end, locs[k][1])
+            k += 1
+        out.append(struct.pack("<qq", start, end))
+        i = k
+    return b"".join(out)
 
 
 def parse_receipts(receipts: list[Any]) -> tuple[bytes, bytes, list[str]]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import struct
+from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -38,6 +39,7 @@ log = logging.getLogger("delayd.storage")
 
 READ_SPAN = 1 << 20  # read_many reads at most this much of the log at once
 READ_GAP = 64 * 1024  # and bridges gaps up to this between records it needs
+_STRETCH = struct.Struct("<qq")  # a stretch of the log to read: start, end
 _SCHEDULED, _DELIVERED = MessageState.SCHEDULED, MessageState.DELIVERED
 _ROLL_BIT = int(UnitMagic.ROLL)
 
@@ -196,30 +198,23 @@ class Dispatch:
         out.due = due + b"".join(extra) if extra else due
         return out
 
-    def read_runs(self, locs: bytes) -> list[tuple[int, bytes]]:
-        """The stretches of the log that hold the records at `locs` ((offset i64, size u32) each),
-        one read per stretch of at most READ_SPAN with gaps of at most READ_GAP, sorted by offset:
-        what the compiled core's `dues` and `encode_pull` take. A stretch that crosses a segment's
-        end is not read (the core then names its records, and they are read one by one)."""
+    def read_runs(self, locs: bytes, stride: int = 12) -> list[tuple[int, bytes]]:
+        """The stretches of the log that hold the records at `locs` ((offset i64, size u32) at the
+        start of each row of `stride` bytes: packed locations, or PullRows),
+        one read per stretch of at most READ_SPAN with gaps of at most READ_GAP within one
+        segment (the batch core's `read_plan`), sorted by offset: what the core's `dues` and
+        `encode_pull` take. A stretch in a deleted segment is not read (the core then names its
+        records, and they are read one by one)."""
         files = self.commit.files
-        spans = sorted(struct.iter_unpack("<qI", locs))
+        plan = batch.ops.read_plan(locs, stride, array("q", files.bases).tobytes(), READ_SPAN, READ_GAP)
         out: list[tuple[int, bytes]] = []
-        j = 0
-        while j < len(spans):
-            start, size = spans[j]
-            end = start + size
-            k = j + 1
-            while k < len(spans) and spans[k][0] + spans[k][1] - start <= READ_SPAN and spans[k][0] - end <= READ_GAP:
-                end = max(end, spans[k][0] + spans[k][1])
-                k += 1
+        for start, end in _STRETCH.iter_unpack(plan):
             try:
-                if end <= files.segment_end(files.segment_of(start)):
-                    out.append((start, files.read(start, end - start)))
+                out.append((start, files.read(start, end - start)))
             except OutOfDescriptors:
                 raise
             except StorageError:
                 pass  # a deleted segment: its records are named one by one
-            j = k
         return out
 
     def read_many(self, locations: list[tuple[int, int]]) -> list[Record | StorageError]:

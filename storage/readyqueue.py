@@ -164,6 +164,15 @@ class ReadyQueue:
         return [ReadyUnit(first + i, *UNIT.unpack_from(buf, i * UNIT_SIZE))
                 for i in range(len(buf) // UNIT_SIZE)]
 
+    def read_packed(self, first: int, count: int) -> tuple[int, bytes]:
+        """Up to `count` units from index `first` as stored (UNIT, packed), and the index of the
+        first one: `first`, or the queue's start when retention deleted what was before it."""
+        first = max(first, self.start)
+        if first >= self.end or count <= 0:
+            return first, b""
+        buf = self.files.read(first * UNIT_SIZE, min(count, self.end - first) * UNIT_SIZE)
+        return first, bytes(buf[:len(buf) - len(buf) % UNIT_SIZE])
+
     def scan(self, first: int) -> Iterator[ReadyUnit]:
         idx = max(first, self.start)
         while idx < self.end:

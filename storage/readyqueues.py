@@ -49,6 +49,9 @@ class QueueView:
     def read(self, first: int, count: int) -> list[ReadyUnit]:
         return self.queues.read(self.topic, first, count)
 
+    def read_packed(self, first: int, count: int) -> tuple[int, bytes]:
+        return self.queues.read_packed(self.topic, first, count)
+
 
 class ReadyQueues:
     def __init__(self, directory: Path, segment_units: int, max_open: int = DEFAULT_MAX_OPEN) -> None:
@@ -134,6 +137,14 @@ class ReadyQueues:
             return []
         q = self._queue(topic)
         return q.read(first, count) if q is not None else []
+
+    def read_packed(self, topic: str, first: int, count: int) -> tuple[int, bytes]:
+        """ReadyQueue.read_packed of the topic's queue ((first, b"") for a topic without one)."""
+        lo, hi = self._bounds.get(topic, (0, 0))
+        if max(first, lo) >= hi or count <= 0:
+            return max(first, lo), b""
+        q = self._queue(topic)
+        return q.read_packed(first, count) if q is not None else (first, b"")
 
     def scan(self, topic: str, first: int) -> Iterator[ReadyUnit]:
         idx = first
