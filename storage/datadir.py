@@ -61,6 +61,7 @@ from delayd.storage.errors import (
     NodeIdMismatch,
     UnsupportedVersion,
 )
+from delayd.storage.farindex import FARINDEX_VERSION
 from delayd.storage.keyindex import KEYINDEX_VERSION, stored_version
 from delayd.storage.msgtable import MSGTABLE_FORMAT
 from delayd.storage.readyqueue import READY_FORMAT
@@ -168,9 +169,11 @@ def check_formats(path: Path) -> Meta | None:
         read_wheel_header(layout.timerwheel)
     except (FileNotFoundError, CorruptData):
         pass
-    version = stored_version(layout.keys)
-    if version is not None and version > KEYINDEX_VERSION:
-        raise UnsupportedVersion(str(layout.keys), version, KEYINDEX_VERSION)
+    for db, supported in ((layout.keys, KEYINDEX_VERSION), (layout.far, FARINDEX_VERSION)):
+        # From the SQLite file header: opening a connection would leave -wal/-shm files behind.
+        version = stored_version(db)
+        if version is not None and version > supported:
+            raise UnsupportedVersion(str(db), version, supported)
     _segments_of(layout.timerlog, TIMERLOG_FORMAT)
     _segments_of(layout.msgtable, MSGTABLE_FORMAT)
     try:

@@ -166,8 +166,9 @@ def bump_meta(d: Path) -> None:
     p.write_bytes(bytes(raw))
 
 
-def bump_keys(d: Path) -> None:
-    db = sqlite3.connect(d / "keys.sqlite")
+def bump_sqlite(p: Path) -> None:
+    assert p.exists()
+    db = sqlite3.connect(p)
     db.execute("PRAGMA user_version=2")
     db.commit()
     db.close()
@@ -182,7 +183,8 @@ BUMPS: dict[str, tuple[Callable[[Path], None], str]] = {
     "ready-queue segment": (lambda d: bump_segment(d / "ready" / "orders", READY_FORMAT), "format version 3"),
     "message-table segment": (lambda d: bump_segment(d / "msgtable", MSGTABLE_FORMAT), "format version 3"),
     "meta": (bump_meta, "meta: format version 3"),
-    "key index": (bump_keys, "keys.sqlite: format version 2"),
+    "key index": (lambda d: bump_sqlite(d / "keys.sqlite"), "keys.sqlite: format version 2"),
+    "far index": (lambda d: bump_sqlite(d / "far.sqlite"), "far.sqlite: format version 2"),
 }
 
 
