@@ -54,7 +54,17 @@ from typing import Any
 from bench.harness import log, psutil, run_side, stop_all_children
 from bench.peers import PeerOptions, redis_queue
 from bench.report import ROOT, SIDES, display_python, git_rev, machine_info, publish, table_rows
-from bench.workloads import SECTIONS, WORKLOADS, Accuracy, Burst, Ctx, Pending, Produce, Workload
+from bench.workloads import (
+    SECTIONS,
+    WORKLOADS,
+    Accuracy,
+    AccuracyLoad,
+    Burst,
+    Ctx,
+    Pending,
+    Produce,
+    Workload,
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -143,6 +153,7 @@ def build_workloads(args: argparse.Namespace) -> list[Workload]:
         chosen = [
             Produce(n=int(args.produce_n * args.scale)),
             Accuracy(n=args.accuracy_n),
+            AccuracyLoad(n=args.accuracy_n),
             Burst(m=int(args.burst_m * args.scale)),
             Pending(p=int(args.pending_p * args.scale)),
         ]

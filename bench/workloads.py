@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import multiprocessing
 import random
 import tempfile
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -183,7 +185,10 @@ class Accuracy(Workload):
         return cls(n=200, delay_lo_ms=200, delay_hi_ms=700)
 
     async def run(self, ctx: Ctx, peer: Peer) -> dict[str, Any]:
-        topic, group, n = "bench-accuracy", "g", self.n
+        return await self.measure(ctx, peer, "bench-accuracy")
+
+    async def measure(self, ctx: Ctx, peer: Peer, topic: str) -> dict[str, Any]:
+        group, n = "g", self.n
         lat: list[float] = []
         pairs: list[tuple[int, float]] = []
         seen: set[Any] = set()
@@ -228,6 +233,109 @@ class Accuracy(Workload):
         t.row("accuracy", "lateness p99", "ms", "p99_ms", f"<= {TARGET_P99_MS:g}", lambda d, r: d <= TARGET_P99_MS)
         t.row("accuracy", "lateness max", "ms", "max_ms")
         t.row("accuracy", "early (before deliver_at)", "msgs", "early", "0", lambda d, r: d == 0)
+
+
+
+def _load_child(factory: Callable[[int], Producer], connections: int, rate: float, topic: str,
+                stop: Any, started: Any, sent: Any) -> None:
+    """The concurrent producer of `accuracy_load`, in a process of its own (so it does not share the
+    measuring client's event loop or GIL): batches of 1,000 far-future messages at `rate` msg/s,
+    paced on the monotonic clock, until `stop` is set. `sent` ends as the number acknowledged."""
+
+    async def main() -> None:
+        bodies = Bodies(100)
+        rnd = random.Random(23)
+        async with factory(connections) as prod:
+            done = 0
+
+            async def one() -> None:
+                nonlocal done
+                await prod.send_batch(topic, bodies, 0, BATCH, FAR, rnd)
+                done += BATCH
+                sent.value = done
+                started.set()
+
+            pending: set[asyncio.Task[None]] = set()
+            interval = BATCH / rate
+            next_at = time.monotonic()
+            while not stop.is_set():
+                now = time.monotonic()
+                if now < next_at:
+                    await asyncio.sleep(min(next_at - now, 0.05))
+                    continue
+                if len(pending) >= connections:  # never more in flight than connections
+                    await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                    continue
+                task = asyncio.create_task(one())
+                pending.add(task)
+                task.add_done_callback(pending.discard)
+                # Paced, never catching up in a rush: a late batch moves the schedule on.
+                next_at = max(next_at + interval, time.monotonic() - interval)
+            if pending:
+                await asyncio.wait(pending)
+
+    asyncio.run(main())
+
+
+@dataclass
+class AccuracyLoad(Accuracy):
+    """`accuracy` while another process produces far-future messages at half the peer's measured
+    produce rate: releases must keep their p99 while bulk produce work runs (issue 14)."""
+
+    name: ClassVar[str] = "accuracy_load"
+    tag: ClassVar[str] = "accuracy-load"
+    load_fraction: float = 0.5
+    calibrate_n: int = 20_000  # measure the produce rate first when no produce run did
+
+    @classmethod
+    def smoke(cls) -> AccuracyLoad:
+        return cls(n=200, delay_lo_ms=200, delay_hi_ms=700, calibrate_n=BATCH)
+
+    async def run(self, ctx: Ctx, peer: Peer) -> dict[str, Any]:
+        if peer.name not in ctx.produce_rate_hint:
+            async with peer.producer(ctx.connections) as prod:
+                t0 = time.perf_counter()
+                await fill(ctx, prod, "bench-calibrate", self.calibrate_n, FAR)
+                ctx.produce_rate_hint[peer.name] = self.calibrate_n / (time.perf_counter() - t0)
+        rate = ctx.produce_rate_hint[peer.name] * self.load_fraction
+        mp = multiprocessing.get_context("spawn")
+        stop, started, sent = mp.Event(), mp.Event(), mp.Value("q", 0)
+        child = mp.Process(target=_load_child, name="accuracy-load",
+                           args=(peer.producer_factory(), ctx.connections, rate, "bench-load", stop, started, sent))
+        child.start()
+        try:
+            deadline = time.monotonic() + ctx.timeout(30, 0)
+            while not started.is_set():
+                if not child.is_alive() or time.monotonic() > deadline:
+                    raise RuntimeError("the load producer did not start")
+                await asyncio.sleep(0.05)
+            t0, n0 = time.perf_counter(), sent.value
+            with CpuWindow(peer.meter) as cpu:
+                res = await self.measure(ctx, peer, "bench-accuracy")
+            load_sent, load_s = sent.value - n0, time.perf_counter() - t0
+        finally:
+            stop.set()
+            child.join(30)
+            if child.is_alive():
+                child.kill()
+        res.update({
+            "load_target_msg_per_s": rate,
+            "load_msg_per_s": load_sent / load_s,
+            "load_messages": load_sent,
+            "server_cpu_s": cpu.server_cpu_s,
+        })
+        return res
+
+    def rows(self, t: Table) -> None:
+        if not t.has("accuracy_load"):
+            return
+        t.row("accuracy_load", "concurrent produce (target: half the max)", "msg/s", "load_msg_per_s")
+        t.row("accuracy_load", "received", "msgs", "received")
+        t.row("accuracy_load", "lateness p50", "ms", "p50_ms")
+        t.row("accuracy_load", "lateness p99", "ms", "p99_ms", f"<= {TARGET_P99_MS:g}",
+              lambda d, r: d <= TARGET_P99_MS)
+        t.row("accuracy_load", "lateness max", "ms", "max_ms")
+        t.row("accuracy_load", "early (before deliver_at)", "msgs", "early", "0", lambda d, r: d == 0)
 
 
 @dataclass
@@ -454,5 +562,5 @@ class Pending(Workload):
 
 
 # The order they run in and their rows appear. `--only` names sections: Pending fills two.
-WORKLOADS: tuple[type[Workload], ...] = (Produce, Accuracy, Burst, Pending)
-SECTIONS = ("produce", "accuracy", "burst", "memory", "restart")
+WORKLOADS: tuple[type[Workload], ...] = (Produce, Accuracy, AccuracyLoad, Burst, Pending)
+SECTIONS = ("produce", "accuracy", "accuracy_load", "burst", "memory", "restart")

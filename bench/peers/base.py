@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import random
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -168,6 +169,10 @@ class Peer(ABC):
 
     @abstractmethod
     def consumer(self, topic: str, group: str) -> Consumer: ...
+
+    @abstractmethod
+    def producer_factory(self) -> Callable[[int], Producer]:
+        """What `producer` does, as a picklable callable: a child process makes its own producer."""
 
     async def start(self, timeout_s: float = 60.0) -> None:
         self.spawn()

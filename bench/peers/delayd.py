@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import random
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -184,6 +186,9 @@ class DelaydPeer(Peer):
 
     def producer(self, connections: int) -> DelaydProducer:
         return DelaydProducer(self.url, connections)
+
+    def producer_factory(self) -> Callable[[int], DelaydProducer]:
+        return functools.partial(DelaydProducer, self.url)
 
     def consumer(self, topic: str, group: str) -> DelaydConsumer:
         return DelaydConsumer(self.url, topic, group)

@@ -11,10 +11,12 @@ loss); delayd answers after fsync.
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import subprocess
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -238,6 +240,9 @@ class RedisPeer(Peer):
 
     def producer(self, connections: int) -> RedisProducer:
         return RedisProducer(self.port, connections)
+
+    def producer_factory(self) -> Callable[[int], RedisProducer]:
+        return functools.partial(RedisProducer, self.port)
 
     def consumer(self, topic: str, group: str) -> RedisConsumer:
         return RedisConsumer(self.port, topic, self.options.redis_poll_ms)

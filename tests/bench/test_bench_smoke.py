@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from bench.daemon_vs_redis import build_workloads, parse_args
-from bench.workloads import SECTIONS, Accuracy, Burst, Pending, Produce
+from bench.workloads import SECTIONS, Accuracy, AccuracyLoad, Burst, Pending, Produce
 from tests.support.daemon import ROOT, DaemonProcess
 
 SIDES = ("delayd", "redis")
@@ -79,11 +79,16 @@ def test_throughput_results_carry_server_cpu_per_message(smoke_run: dict[str, An
 
 @pytest.mark.parametrize("side", SIDES)
 def test_every_message_arrives_and_none_early(smoke_run: dict[str, Any], side: str) -> None:
-    acc = result(smoke_run, "accuracy", side)
-    assert acc["received"] == acc["messages"] == Accuracy.smoke().n
-    assert acc["duplicates"] == 0 and acc["early"] == 0
-    assert 0 <= acc["p50_ms"] <= acc["p99_ms"] <= acc["max_ms"]
-    assert acc["late_shape"]["late_by_ms_in_second_100ms_buckets"] and "worst_windows" in acc["late_shape"]
+    for section, n in (("accuracy", Accuracy.smoke().n), ("accuracy_load", AccuracyLoad.smoke().n)):
+        acc = result(smoke_run, section, side)
+        assert acc["received"] == acc["messages"] == n
+        assert acc["duplicates"] == 0 and acc["early"] == 0
+        assert 0 <= acc["p50_ms"] <= acc["p99_ms"] <= acc["max_ms"]
+        assert acc["late_shape"]["late_by_ms_in_second_100ms_buckets"] and "worst_windows" in acc["late_shape"]
+    load = result(smoke_run, "accuracy_load", side)
+    # The concurrent producer ran in its own process, at about half the measured produce rate.
+    assert load["load_messages"] > 0 and load["load_target_msg_per_s"] > 0
+    assert 0 < load["load_msg_per_s"] <= 1.5 * load["load_target_msg_per_s"]
     burst = result(smoke_run, "burst", side)
     assert burst["received"] == burst["messages"] == Burst.smoke().m
     assert burst["fill_finished_before_due"] is True and burst["early"] == 0 and burst["duplicates"] == 0
