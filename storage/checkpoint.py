@@ -21,7 +21,6 @@ Version history: 1 — original.
 
 from __future__ import annotations
 
-import os
 import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -30,7 +29,7 @@ from typing import Any
 import msgpack
 from delayd.storage.bytetable import ByteTable
 from delayd.storage.errors import BadMagic, ChecksumMismatch, Insane, UnsupportedVersion
-from delayd.storage.segments import fsync_dir
+from delayd.storage.segments import replace_file
 
 CHECKPOINT_MAGIC = 0x50434C44  # "DLCP" little-endian
 CHECKPOINT_VERSION = 1
@@ -56,18 +55,8 @@ class Checkpoint:
 def save(path: Path, cp: Checkpoint) -> None:
     body = msgpack.packb(asdict(cp), use_bin_type=True)
     data = HEADER.pack(CHECKPOINT_MAGIC, CHECKPOINT_VERSION, 0, len(body), zlib.crc32(body)) + body
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
     # The previous checkpoint stays as a fallback: it is an older but still valid hint.
-    if path.exists():
-        os.replace(path, previous(path))
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+    replace_file(path, data, keep_previous=previous(path))
 
 
 def previous(path: Path) -> Path:

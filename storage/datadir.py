@@ -65,7 +65,7 @@ from delayd.storage.farindex import FARINDEX_VERSION
 from delayd.storage.keyindex import KEYINDEX_VERSION, stored_version
 from delayd.storage.msgtable import MSGTABLE_FORMAT
 from delayd.storage.readyqueue import READY_FORMAT
-from delayd.storage.segments import SegmentFormat, fsync_dir, list_segments, read_header, segment_name
+from delayd.storage.segments import SegmentFormat, list_segments, read_header, replace_file, segment_name
 from delayd.storage.timerlog import TIMERLOG_FORMAT
 from delayd.storage.timerwheel import read_header as read_wheel_header
 
@@ -131,16 +131,7 @@ def read_meta(path: Path) -> Meta | None:
 
 def write_meta(path: Path, meta: Meta) -> None:
     body = msgpack.packb({"node_id": meta.node_id, "created_ms": meta.created_ms}, use_bin_type=True)
-    data = META_HEADER.pack(META_MAGIC, META_VERSION, 0, len(body), zlib.crc32(body)) + body
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+    replace_file(path, META_HEADER.pack(META_MAGIC, META_VERSION, 0, len(body), zlib.crc32(body)) + body)
 
 
 # ------------------------------------------------------------------------------ the format check

@@ -43,6 +43,7 @@ from typing import Any
 
 from delayd.storage.commitlog import Record, RecordType
 from delayd.storage.errors import CorruptData, UnsupportedVersion
+from delayd.storage.keyindex import connect
 from delayd.storage.msgtable import MessageState, MessageTable
 
 log = logging.getLogger("delayd.storage")
@@ -83,13 +84,7 @@ class FarIndex:
         self._flushing: dict[int, Row | None] = {}
 
     def _connect(self, cache_kib: int) -> sqlite3.Connection:
-        db = sqlite3.connect(self.path, isolation_level="DEFERRED", check_same_thread=False)
-        # WAL: reads never wait for the checkpoint's writer; NORMAL: a commit is atomic, and
-        # what a power loss takes back is replayed from the commit log (see commit_pos).
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=NORMAL")
-        db.execute(f"PRAGMA cache_size=-{cache_kib}")
-        return db
+        return connect(self.path, cache_kib)
 
     @property
     def commit_pos(self) -> int:

@@ -54,6 +54,17 @@ def stored_version(path: Path) -> int | None:
     return int.from_bytes(head[SQLITE_USER_VERSION_AT:SQLITE_USER_VERSION_AT + 4], "big")
 
 
+def connect(path: Path, cache_kib: int) -> sqlite3.Connection:
+    """A connection to one of the data directory's SQLite indexes (keys, far): WAL, so a reader
+    never waits for the writer; synchronous=NORMAL, so a commit is atomic, and what a power loss
+    takes back is redone from the commit log (each index stores the log position it covers)."""
+    db = sqlite3.connect(path, isolation_level="DEFERRED", check_same_thread=False)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=NORMAL")
+    db.execute(f"PRAGMA cache_size=-{cache_kib}")
+    return db
+
+
 Op = tuple[str, Any]
 _MISS = object()
 _EMPTY: dict[str, Any] = {}
@@ -92,13 +103,7 @@ class KeyIndex:
         self._flushing: dict[str, dict[str, tuple[int, int] | None]] = {}
 
     def _connect(self, cache_kib: int) -> sqlite3.Connection:
-        db = sqlite3.connect(self.path, isolation_level="DEFERRED", check_same_thread=False)
-        # WAL: the reader never waits for the writer; NORMAL: a commit is atomic, and what a
-        # power loss takes back is redone from the commit log (see commit_pos).
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=NORMAL")
-        db.execute(f"PRAGMA cache_size=-{cache_kib}")
-        return db
+        return connect(self.path, cache_kib)
 
     @property
     def commit_pos(self) -> int:

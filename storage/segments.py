@@ -87,6 +87,23 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def replace_file(path: Path, data: bytes, keep_previous: Path | None = None) -> None:
+    """Write a small file atomically: a temp file beside it, fsync, rename over `path` (moving the
+    old one to `keep_previous` first, when given), fsync of the directory. A crash leaves the old
+    file or the new one, never a mix."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = open_fd(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    if keep_previous is not None and path.exists():
+        os.replace(path, keep_previous)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
 def open_fd(path: Path | str, flags: int, mode: int = 0o644) -> int:
     """os.open that reports running out of descriptors as OutOfDescriptors (the daemon answers
     503 and carries on, instead of failing on a bare OSError)."""
