@@ -11,7 +11,7 @@ install: $(STAMP)
 install-dev: $(DEV_STAMP)
 
 # `make run` needs only the runtime; tests, lint and benchmarks need the dev and spark extras.
-$(STAMP): pyproject.toml setup.py storage/_batch.c
+$(STAMP): pyproject.toml setup.py $(wildcard storage/*.c storage/*.h)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e .

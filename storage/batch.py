@@ -1,8 +1,8 @@
 """The batch core: the per-message loops of the pipeline as functions over whole batches.
 
 Each function takes a batch and returns a batch, and comes twice: compiled in C
-(`storage/_batch.c`, module `delayd.storage._batch`, built by the project's own `pip install`) and
-here in Python. The Python version is the reference: it is the specification the C follows, and
+(`storage/_batch.c` with the stage files `storage/batch_*.c`, module `delayd.storage._batch`, built
+by the project's own `pip install`) and here in Python. The Python version is the reference: it is the specification the C follows, and
 `tests/storage/test_batch_differential.py` checks with hypothesis that both give the same bytes
 for the same input, damaged input included. `ops` is the implementation in use: the compiled one,
 or this module when it is not built or `DELAYD_PURE=1` is set (storage.native decides).

@@ -1,7 +1,7 @@
 """Which implementation of the batch core runs: the compiled one, or the Python reference.
 
-`compiled()` is the compiled module `delayd.storage._batch` (built from storage/_batch.c by every
-`pip install`), or None when it is not built or `DELAYD_PURE=1` is set — then every batch function
+`compiled()` is the compiled module `delayd.storage._batch` (built from storage/_batch.c and the
+storage/batch_*.c stage files by every `pip install`), or None when it is not built or `DELAYD_PURE=1` is set — then every batch function
 runs its Python reference (storage/batch.py, and `scan_buffer_py` in storage/commitlog.py). This
 module imports nothing of the storage engine, so any module may ask it without an import cycle.
 

@@ -1,0 +1,394 @@
+/*
+ * pull in delayd.storage._batch: which stretches of the commit log to read, a consumer group's
+ * new messages as PullRows, the msgpack answer of a pull, and the receipts of an ack.
+ */
+#include "batch_core.h"
+
+/* read_plan(rows, stride, bases, span, gap) -> bytes: the stretches of the commit log to read for
+ * the records located at the start of each row ((offset i64, size u32), rows of `stride` bytes),
+ * as (start, end) i64 pairs in offset order: neighbours at most `gap` apart share a stretch of at
+ * most `span` bytes, and no stretch runs past the next segment base (`bases`: ascending i64). */
+typedef struct {
+    int64_t off;
+    int64_t end;
+} Loc;
+
+static int cmp_loc(const void *a, const void *b) {
+    const Loc *x = a, *y = b;
+    if (x->off != y->off) return x->off < y->off ? -1 : 1;
+    return x->end < y->end ? -1 : x->end > y->end;
+}
+
+PyObject *read_plan(PyObject *self, PyObject *args) {
+    PyObject *ro, *bo;
+    Py_ssize_t stride;
+    long long span, gap;
+    if (!PyArg_ParseTuple(args, "OnOLL", &ro, &stride, &bo, &span, &gap)) return NULL;
+    if (stride < 12 || span < 0 || gap < 0) { PyErr_SetString(PyExc_ValueError, "stride/span/gap"); return NULL; }
+    Buf r, b;
+    if (buf_get(ro, &r, 0, "rows") < 0) return NULL;
+    if (buf_get(bo, &b, 0, "bases") < 0) { buf_release(&r); return NULL; }
+    PyObject *res = NULL;
+    Loc *locs = NULL;
+    Out out = {0};
+    const uint8_t *rb = r.view.buf, *bb = b.view.buf;
+    Py_ssize_t nb = b.view.len / 8;
+    if (r.view.len % stride || b.view.len % 8) { PyErr_SetString(PyExc_ValueError, "rows/bases"); goto done; }
+    for (Py_ssize_t k = 1; k < nb; k++)
+        if (rdi64(bb + (k - 1) * 8) > rdi64(bb + k * 8)) { PyErr_SetString(PyExc_ValueError, "bases must ascend"); goto done; }
+    Py_ssize_t n = r.view.len / stride;
+    locs = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(Loc));
+    if (!locs) { PyErr_NoMemory(); goto done; }
+    int sorted = 1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t off = rdi64(rb + i * stride);
+        uint32_t size = rd32(rb + i * stride + 8);
+        locs[i].off = off;
+        locs[i].end = off > INT64_MAX - (int64_t)size ? INT64_MAX : off + (int64_t)size;
+        if (i && cmp_loc(&locs[i - 1], &locs[i]) > 0) sorted = 0;
+    }
+    if (!sorted) qsort(locs, (size_t)n, sizeof(Loc), cmp_loc);
+    Py_ssize_t seg = 0;
+    for (Py_ssize_t i = 0; i < n;) {
+        int64_t start = locs[i].off, end = locs[i].end;
+        while (seg < nb && rdi64(bb + seg * 8) <= start) seg++;
+        int64_t limit = seg < nb ? rdi64(bb + seg * 8) : INT64_MAX;  /* the first base past start */
+        Py_ssize_t k = i + 1;
+        while (k < n && locs[k].end <= limit && (uint64_t)locs[k].end - (uint64_t)start <= (uint64_t)span &&
+               (locs[k].off <= end || (uint64_t)locs[k].off - (uint64_t)end <= (uint64_t)gap)) {
+            if (locs[k].end > end) end = locs[k].end;
+            k++;
+        }
+        uint8_t *w = out_take(&out, 16);
+        if (!w) goto done;
+        wri64(w, start);
+        wri64(w + 8, end);
+        i = k;
+    }
+    res = out_bytes(&out);
+done:
+    PyMem_Free(locs);
+    PyMem_Free(out.p);
+    buf_release(&r);
+    buf_release(&b);
+    return res;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* pull: the answer to a pull, encoded once, from ready units and their records                */
+
+/* A msgpack str at s[*at:n] in its shortest form (what msgpack.packb writes): its length, the
+ * payload checked as UTF-8, *at moved past it; -1 when it is not one. */
+static int64_t mp_read_str(const uint8_t *s, size_t n, size_t *at, size_t *len) {
+    if (*at >= n) return -1;
+    uint8_t t = s[*at];
+    size_t hdr, l;
+    if ((t & 0xE0) == 0xA0) { hdr = 1; l = t & 0x1F; }
+    else if (t == 0xd9) { if (n - *at < 2) return -1; hdr = 2; l = s[*at + 1]; if (l < 32) return -1; }
+    else if (t == 0xda) { if (n - *at < 3) return -1; hdr = 3; l = ((size_t)s[*at + 1] << 8) | s[*at + 2]; if (l < 256) return -1; }
+    else return -1;  /* str32 would be over the headers' 64 KiB */
+    if (n - *at - hdr < l) return -1;
+    if (!utf8_ok(s + *at + hdr, l)) return -1;
+    size_t start = *at + hdr;
+    *at = start + l;
+    *len = l;
+    return (int64_t)start;
+}
+
+#define MAX_HEADERS_ON_FILE 64
+
+/* Whether s[0:n] is exactly the msgpack.packb of a dict of str to str with at most 64 entries and
+ * no key twice (the headers of a record, as produce wrote them): what is copied into a pull's
+ * answer must be what decoding and encoding them again would give. */
+static int headers_ok(const uint8_t *s, size_t n) {
+    if (n == 0) return 0;
+    size_t at = 1, count;
+    uint8_t t = s[0];
+    if ((t & 0xF0) == 0x80) count = t & 0x0F;
+    else if (t == 0xde) { if (n < 3) return 0; count = ((size_t)s[1] << 8) | s[2]; at = 3; if (count < 16) return 0; }
+    else return 0;
+    if (count > MAX_HEADERS_ON_FILE) return 0;
+    size_t kstart[MAX_HEADERS_ON_FILE], klen[MAX_HEADERS_ON_FILE];
+    for (size_t k = 0; k < count; k++) {
+        size_t l, vl;
+        int64_t ks = mp_read_str(s, n, &at, &l);
+        if (ks < 0 || mp_read_str(s, n, &at, &vl) < 0) return 0;
+        for (size_t j = 0; j < k; j++)
+            if (klen[j] == l && memcmp(s + kstart[j], s + ks, l) == 0) return 0;
+        kstart[k] = (size_t)ks;
+        klen[k] = l;
+    }
+    return at == n;
+}
+
+static uint8_t *mp_bin(uint8_t *p, const uint8_t *s, size_t n) {
+    if (n < 256) { *p++ = 0xc4; *p++ = (uint8_t)n; }
+    else if (n < 65536) { *p++ = 0xc5; *p++ = (uint8_t)(n >> 8); *p++ = (uint8_t)n; }
+    else { *p++ = 0xc6; for (int k = 3; k >= 0; k--) *p++ = (uint8_t)(n >> (8 * k)); }
+    memcpy(p, s, n);
+    return p + n;
+}
+
+/* encode_pull(rows, prefix, tokens, reads) -> (answer, problems)
+ * The msgpack answer of a pull, {"messages": [...]}, exactly as msgpack.packb would encode the
+ * API's message objects (id, receipt, topic, key, tag, headers, body, deliver_at, delivered_at,
+ * attempt), built from PullRows and their records in `reads` ((commit-log offset, bytes) sorted
+ * by offset) without a Python object per message: headers are copied as stored (checked to be
+ * a map of str to str), the body as bin. A record that is not in `reads` or does not check out
+ * (CRC, version, UTF-8 of topic/tag/key, headers) is left out and named in `problems` as
+ * (row index, outcome) — 0 not read, 1 torn, 2 corrupt, 3 version. */
+PyObject *encode_pull(PyObject *self, PyObject *args) {
+    PyObject *rows_o, *prefix_o, *tokens_o, *reads_o;
+    if (!PyArg_ParseTuple(args, "OO!O!O!", &rows_o, &PyBytes_Type, &prefix_o, &PyList_Type, &tokens_o, &PyList_Type, &reads_o))
+        return NULL;
+    Buf rb;
+    if (buf_get(rows_o, &rb, 0, "rows") < 0) return NULL;
+    Py_ssize_t nreads = PyList_GET_SIZE(reads_o), held = 0, ntok = PyList_GET_SIZE(tokens_o);
+    Read *reads = PyMem_Calloc(nreads ? (size_t)nreads : 1, sizeof(Read));
+    const char **tok = PyMem_Calloc(ntok ? (size_t)ntok : 1, sizeof(char *));
+    Py_ssize_t *toklen = PyMem_Calloc(ntok ? (size_t)ntok : 1, sizeof(Py_ssize_t));
+    Out o = {0};
+    PyObject *problems = NULL, *res = NULL;
+    if (!reads || !tok || !toklen) { PyErr_NoMemory(); goto done; }
+    for (Py_ssize_t k = 0; k < ntok; k++) {
+        PyObject *t = PyList_GET_ITEM(tokens_o, k);
+        if (!PyUnicode_Check(t) || !(tok[k] = PyUnicode_AsUTF8AndSize(t, &toklen[k]))) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_TypeError, "tokens must be str");
+            goto done;
+        }
+    }
+    for (; held < nreads; held++) {
+        PyObject *t = PyList_GET_ITEM(reads_o, held);
+        PyObject *data;
+        long long start;
+        if (!PyArg_ParseTuple(t, "LO", &start, &data)) goto done;
+        reads[held].start = start;
+        if (buf_get(data, &reads[held].b, 0, "read") < 0) goto done;
+    }
+    if (rb.view.len % PROW) { PyErr_SetString(PyExc_ValueError, "rows"); goto done; }
+    problems = PyList_New(0);
+    if (!problems) goto done;
+    const char *prefix = PyBytes_AS_STRING(prefix_o);
+    size_t plen = (size_t)PyBytes_GET_SIZE(prefix_o);
+    Py_ssize_t n = rb.view.len / PROW, kept = 0;
+    if (out_reserve(&o, 16) < 0) goto done;
+    o.n = 16;  /* room for the map and array headers, written last */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const uint8_t *row = (const uint8_t *)rb.view.buf + i * PROW;
+        int64_t off = rdi64(row);
+        uint32_t size = rd32(row + 8);
+        uint32_t token = rd32(row + 52);
+        if (token >= (uint64_t)ntok) { PyErr_SetString(PyExc_IndexError, "token"); goto done; }
+        Read *rd = find_read(reads, nreads, off, size < RECORD_HEADER ? RECORD_HEADER : size);
+        int outcome = 0;
+        uint32_t len = 0;
+        const uint8_t *r = NULL;
+        if (rd) {
+            size_t at = (size_t)(off - rd->start);
+            r = (const uint8_t *)rd->b.view.buf + at;
+            outcome = check_record(rd->b.view.buf, (size_t)rd->b.view.len, at, 1, &len);
+        }
+        const uint8_t *topic = NULL, *tag = NULL, *key = NULL, *hdr = NULL, *body = NULL;
+        size_t tl = 0, gl = 0, kl = 0, hl = 0, bl = 0;
+        if (r && !outcome) {
+            tl = r[38]; gl = r[39]; kl = rd16(r + 40); hl = rd16(r + 42); bl = rd32(r + 44);
+            topic = r + RECORD_HEADER; tag = topic + tl; key = tag + gl; hdr = key + kl; body = hdr + hl;
+            if (!utf8_ok(topic, tl) || !utf8_ok(tag, gl) || !utf8_ok(key, kl) || (hl && !headers_ok(hdr, hl)))
+                outcome = SCAN_CORRUPT;
+        }
+        if (!r || outcome) {
+            PyObject *pr = Py_BuildValue("(ni)", i, r ? outcome : 0);
+            if (!pr || PyList_Append(problems, pr) < 0) { Py_XDECREF(pr); goto done; }
+            Py_DECREF(pr);
+            continue;
+        }
+        char hexseq[16], hexidx[16];
+        size_t sl = hex_of(rd64(row + 32), hexseq), il = hex_of(rd64(row + 40), hexidx);
+        size_t idl = plen + sl, rcl = idl + 1 + il + 1 + (size_t)toklen[token];
+        size_t need = 1 + 8 * 10 + 5 + idl + 5 + rcl + 5 + tl + 5 + gl + 5 + kl + 1 + hl + 5 + bl + 3 * 9;
+        uint8_t *p = out_take(&o, need);
+        if (!p) goto done;
+        uint8_t *q = p;
+        *q++ = 0x8a;  /* a map of 10 */
+        q = mp_fixstr(q, "id");
+        char *idbuf = PyMem_Malloc(rcl);
+        if (!idbuf) { PyErr_NoMemory(); goto done; }
+        memcpy(idbuf, prefix, plen);
+        memcpy(idbuf + plen, hexseq, sl);
+        q = mp_str(q, idbuf, (Py_ssize_t)idl);
+        idbuf[idl] = '.';
+        memcpy(idbuf + idl + 1, hexidx, il);
+        idbuf[idl + 1 + il] = '.';
+        memcpy(idbuf + idl + 2 + il, tok[token], (size_t)toklen[token]);
+        q = mp_fixstr(q, "receipt");
+        q = mp_str(q, idbuf, (Py_ssize_t)rcl);
+        PyMem_Free(idbuf);
+        q = mp_fixstr(q, "topic");
+        q = mp_str(q, (const char *)topic, (Py_ssize_t)tl);
+        q = mp_fixstr(q, "key");
+        if (kl) q = mp_str(q, (const char *)key, (Py_ssize_t)kl); else *q++ = 0xc0;
+        q = mp_fixstr(q, "tag");
+        if (gl) q = mp_str(q, (const char *)tag, (Py_ssize_t)gl); else *q++ = 0xc0;
+        q = mp_fixstr(q, "headers");
+        if (hl) { memcpy(q, hdr, hl); q += hl; } else *q++ = 0x80;
+        q = mp_fixstr(q, "body");
+        q = mp_bin(q, body, bl);
+        q = mp_fixstr(q, "deliver_at");
+        q = mp_uint_or_int(q, rdi64(r + 20));
+        q = mp_fixstr(q, "delivered_at");
+        q = mp_uint_or_int(q, rdi64(row + 24));
+        q = mp_fixstr(q, "attempt");
+        q = mp_uint_or_int(q, rd32(row + 48));
+        o.n -= need - (size_t)(q - p);
+        kept++;
+    }
+    /* {"messages": [ ... ]}: the headers go right before the first message */
+    uint8_t head[16], *h = head;
+    *h++ = 0x81;
+    h = mp_fixstr(h, "messages");
+    if (kept < 16) *h++ = (uint8_t)(0x90 | kept);
+    else if (kept < 65536) { *h++ = 0xdc; *h++ = (uint8_t)(kept >> 8); *h++ = (uint8_t)kept; }
+    else { *h++ = 0xdd; for (int k = 3; k >= 0; k--) *h++ = (uint8_t)((uint64_t)kept >> (8 * k)); }
+    size_t hn = (size_t)(h - head);
+    memcpy(o.p + 16 - hn, head, hn);
+    PyObject *body_o = PyBytes_FromStringAndSize((const char *)o.p + 16 - hn, (Py_ssize_t)(o.n - 16 + hn));
+    if (!body_o) goto done;
+    res = Py_BuildValue("(NO)", body_o, problems);
+done:
+    for (Py_ssize_t j = 0; j < held; j++) buf_release(&reads[j].b);
+    PyMem_Free(reads);
+    PyMem_Free(tok);
+    PyMem_Free(toklen);
+    out_free(&o);
+    Py_XDECREF(problems);
+    buf_release(&rb);
+    return res;
+}
+
+/* parse_receipts(receipts) -> (indexes, token_ids, tokens)
+ * Receipts are `{id}.{index hex}.{token}`. For each: its ready-queue index (u64) and the number of
+ * its token in `tokens` (the distinct tokens, u32); a receipt not in that canonical form (lowercase
+ * hex, no sign, no leading zeros, a token without '.') gets token id 0xFFFFFFFF and the caller's
+ * reference parser (Groups.parse_receipt) decides it. */
+PyObject *parse_receipts(PyObject *self, PyObject *args) {
+    PyObject *list;
+    if (!PyArg_ParseTuple(args, "O!", &PyList_Type, &list)) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(list);
+    PyObject *idx = PyBytes_FromStringAndSize(NULL, n * 8), *tid = PyBytes_FromStringAndSize(NULL, n * 4);
+    PyObject *tokens = PyList_New(0), *seen = PyDict_New(), *res = NULL;
+    if (!idx || !tid || !tokens || !seen) goto done;
+    uint8_t *ip = (uint8_t *)PyBytes_AS_STRING(idx), *tp = (uint8_t *)PyBytes_AS_STRING(tid);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *r = PyList_GET_ITEM(list, i);
+        wr64(ip + 8 * i, 0);
+        wr32(tp + 4 * i, 0xFFFFFFFFu);
+        if (!PyUnicode_CheckExact(r)) continue;
+        Py_ssize_t len;
+        const char *s = PyUnicode_AsUTF8AndSize(r, &len);
+        if (!s) { PyErr_Clear(); continue; }
+        Py_ssize_t d2 = -1, d1 = -1;
+        for (Py_ssize_t k = len - 1; k >= 0; k--) {
+            if (s[k] == '.') { if (d2 < 0) d2 = k; else { d1 = k; break; } }
+        }
+        if (d1 < 0) continue;
+        Py_ssize_t hl = d2 - d1 - 1;
+        if (hl < 1 || hl > 16 || (hl > 1 && s[d1 + 1] == '0')) continue;
+        uint64_t v = 0;
+        int ok = 1;
+        for (Py_ssize_t k = d1 + 1; k < d2; k++) {
+            char ch = s[k];
+            int dv = ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : -1;
+            if (dv < 0) { ok = 0; break; }
+            v = (v << 4) | (uint64_t)dv;
+        }
+        if (!ok) continue;
+        PyObject *token = PyUnicode_FromStringAndSize(s + d2 + 1, len - d2 - 1);
+        if (!token) goto done;
+        PyObject *known = PyDict_GetItemWithError(seen, token);
+        Py_ssize_t k;
+        if (known) {
+            k = PyLong_AsSsize_t(known);
+        } else {
+            if (PyErr_Occurred()) { Py_DECREF(token); goto done; }
+            k = PyList_GET_SIZE(tokens);
+            PyObject *kk = PyLong_FromSsize_t(k);
+            if (!kk || PyDict_SetItem(seen, token, kk) < 0 || PyList_Append(tokens, token) < 0) {
+                Py_XDECREF(kk); Py_DECREF(token); goto done;
+            }
+            Py_DECREF(kk);
+        }
+        Py_DECREF(token);
+        wr64(ip + 8 * i, v);
+        wr32(tp + 4 * i, (uint32_t)k);
+    }
+    res = PyTuple_Pack(3, idx, tid, tokens);
+done:
+    Py_XDECREF(idx);
+    Py_XDECREF(tid);
+    Py_XDECREF(tokens);
+    Py_XDECREF(seen);
+    return res;
+}
+
+/* take_rows(units, first_index, exclude, wanted, max_n, attempt, token) -> (rows, consumed, skipped)
+ * A consumer group handing out new messages from its cursor (Groups.take): the ready units at
+ * indexes first_index.. in `units` (40 bytes each), skipping those in `exclude` (sorted u64
+ * indexes: acked or leased already) and, when `wanted` (u32 tag hashes) is not None, those whose
+ * tag is not wanted (their indexes come back in `skipped`: they count as consumed by the group);
+ * at most max_n PullRows with the given attempt and token number. `consumed`: units examined,
+ * the cursor's advance. */
+PyObject *take_rows(PyObject *self, PyObject *args) {
+    PyObject *units_o, *excl_o, *wanted_o;
+    unsigned long long first;
+    Py_ssize_t max_n;
+    unsigned int attempt, token;
+    if (!PyArg_ParseTuple(args, "OKOOnII", &units_o, &first, &excl_o, &wanted_o, &max_n, &attempt, &token)) return NULL;
+    Buf ub = {.held = 0}, eb = {.held = 0}, wb = {.held = 0};
+    Out rows = {0}, skipped = {0};
+    PyObject *res = NULL;
+    if (buf_get(units_o, &ub, 0, "units") < 0 || buf_get(excl_o, &eb, 0, "exclude") < 0) goto done;
+    if (wanted_o != Py_None && buf_get(wanted_o, &wb, 0, "wanted") < 0) goto done;
+    if (ub.view.len % READY_UNIT || eb.view.len % 8 || (wb.held && wb.view.len % 4)) {
+        PyErr_SetString(PyExc_ValueError, "units, exclude or wanted have the wrong size");
+        goto done;
+    }
+    const uint8_t *ex = eb.view.buf;
+    Py_ssize_t nex = eb.view.len / 8, e = 0, nw = wb.held ? wb.view.len / 4 : 0, n = ub.view.len / READY_UNIT, i = 0, made = 0;
+    for (Py_ssize_t k = 1; k < nex; k++)
+        if (rd64(ex + 8 * k) < rd64(ex + 8 * (k - 1))) { PyErr_SetString(PyExc_ValueError, "exclude must be sorted"); goto done; }
+    for (; i < n && made < max_n; i++) {
+        uint64_t index = first + (uint64_t)i;
+        while (e < nex && rd64(ex + 8 * e) < index) e++;
+        if (e < nex && rd64(ex + 8 * e) == index) continue;
+        const uint8_t *u = (const uint8_t *)ub.view.buf + i * READY_UNIT;
+        if (wb.held) {
+            uint32_t th = rd32(u + 12);
+            int hit = 0;
+            for (Py_ssize_t w = 0; w < nw && !hit; w++) hit = rd32((const uint8_t *)wb.view.buf + 4 * w) == th;
+            if (!hit) {
+                uint8_t *sk = out_take(&skipped, 8);
+                if (!sk) goto done;
+                wr64(sk, index);
+                continue;
+            }
+        }
+        uint8_t *r = out_take(&rows, PROW);
+        if (!r) goto done;
+        memcpy(r, u, READY_UNIT);
+        wr64(r + 40, index);
+        wr32(r + 48, attempt);
+        wr32(r + 52, token);
+        made++;
+    }
+    PyObject *rb = out_bytes(&rows), *sb = rb ? out_bytes(&skipped) : NULL;
+    if (!sb) { Py_XDECREF(rb); goto done; }
+    res = Py_BuildValue("(NnN)", rb, i, sb);
+done:
+    buf_release(&ub);
+    buf_release(&eb);
+    buf_release(&wb);
+    out_free(&rows);
+    out_free(&skipped);
+    return res;
+}
