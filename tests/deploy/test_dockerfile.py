@@ -90,3 +90,18 @@ def test_wheel_contents_match_packages() -> None:
     copied = {a.split()[0].rstrip("/") for i, a in _instructions() if i == "COPY" and "--from=" not in a}
     assert set(package_dir.values()) <= copied
     assert project["project"]["scripts"]["delayd"] == "delayd.cli:main", "the image runs the `delayd` script"
+
+
+def test_build_stage_compiles_the_batch_core() -> None:
+    """The wheel the image installs carries the compiled batch core: the build stage copies
+    setup.py (which declares the extension) and installs a C compiler; the runtime stage has none."""
+    ins = _instructions()
+    last_from = max(k for k, (i, _) in enumerate(ins) if i == "FROM")
+    build, runtime = ins[:last_from], ins[last_from:]
+    copied = [a.split()[:-1] for i, a in build if i == "COPY" and "--from=" not in a]
+    assert any("setup.py" in c for c in copied), "setup.py must reach the build stage"
+    assert any(i == "RUN" and re.search(r"apt-get install .*\bgcc\b", a) for i, a in build)
+    assert not any(i == "RUN" and "gcc" in a for i, a in runtime), "no compiler in the runtime image"
+    setup = (ROOT / "setup.py").read_text()
+    for c in sorted((ROOT / "storage").glob("*.c")):
+        assert f"storage/{c.name}" in setup, f"{c.name} is not built by setup.py"
