@@ -92,7 +92,9 @@ async def test_bad_input_is_refused_at_send(fake: FakeBroker) -> None:
 
 def test_sync_producer(fake: FakeBroker, no_thread_leak: None) -> None:
     with Client(fake.url) as c:
-        with Producer(c, linger_ms=20, max_batch=50) as p:
+        # A linger longer than the test: only a full batch and close() send (a short linger also
+        # sent whenever the sending thread was descheduled for that long on a busy machine).
+        with Producer(c, linger_ms=60_000, max_batch=50) as p:
             futures = [p.send("t", f"m{i}") for i in range(120)]
         assert all(f.done() for f in futures)  # close() flushed
         assert len({f.result().id for f in futures}) == 120
