@@ -344,8 +344,8 @@ async def pull(request: web.Request) -> web.Response:
         return request.transport is None or request.transport.is_closing()
     taken = await broker.pull(topic, name, max_n or 100, wait_ms or 0, lease_ms or 30_000, tags, gone)
     fmt = fmt_of(request)
-    if fmt == codec.MSGPACK and (body := broker.pulled_msgpack(taken)) is not None:
-        return web.Response(body=body, content_type=codec.MSGPACK)
+    if fmt == codec.MSGPACK and (encoded := broker.pulled_msgpack(taken)) is not None:
+        return web.Response(body=encoded, content_type=codec.MSGPACK)
     out = []
     for d, rec in broker.pulled(topic, name, taken):
         mid = broker.message_id(d.unit.seq)

@@ -293,10 +293,10 @@ def produced_rows(records: bytes, offsets: bytes, topic_hash: int) -> tuple[byte
     """For records just appended (whole records back to back, and each one's commit-log offset as
     i64): their message-table entries (SCHEDULED, flags 0, roll 0, size, offset) and the
     MessageRows enqueue-put indexes — what a scan of the log would give, without reading it."""
-    offsets = memoryview(offsets).cast("B")  # bytes, or the array('q') CommitLog.append_packed returns
-    _need(len(offsets) % 8 == 0, "offsets must be i64")
-    n = len(offsets) // 8
-    offs = struct.unpack(f"<{n}q", offsets)
+    raw = memoryview(offsets).cast("B")  # bytes, or the array('q') CommitLog.append_packed returns
+    _need(len(raw) % 8 == 0, "offsets must be i64")
+    n = len(raw) // 8
+    offs = struct.unpack(f"<{n}q", raw)
     entries, rows = [], []
     p = 0
     for off in offs:
