@@ -23,13 +23,17 @@ from delayd.client.errors import (
     InvalidMessage,
     InvalidName,
     InvalidParameter,
+    InsufficientReplicas,
     InvalidRequest,
+    NoPrimary,
     NotFound,
+    NotPrimary,
     ProtocolError,
     ServerError,
     TooLarge,
     Unauthorized,
     Unavailable,
+    UnderReplicated,
     UnsupportedMediaType,
 )
 from delayd.client.http import RetryPolicy
@@ -66,4 +70,5 @@ __all__ = [
     "DelaydError", "InvalidRequest", "InvalidName", "InvalidMessage", "InvalidParameter", "DelayTooLong", "TooLarge",
     "UnsupportedMediaType", "Unauthorized", "Forbidden", "NotFound", "Conflict", "AlreadyDelivered",
     "Backpressure", "ServerError", "Unavailable", "DiskFull", "ConnectionFailed", "ProtocolError",
+    "NotPrimary", "NoPrimary", "InsufficientReplicas", "UnderReplicated",
 ]
