@@ -59,6 +59,7 @@ USER_AGENT = "delayd-python-client/0.1"
 
 
 LARGE_BODY_BYTES = 1024 * 1024  # aiohttp's limit for a raw bytes body (payload.TOO_LARGE_BYTES_BODY)
+UNWRITTEN = "Can not write request body"  # aiohttp's ClientOSError when sending the request failed
 
 class Retry(Enum):
     SAFE = "safe"
@@ -230,6 +231,12 @@ class Transport:
                 retry_after = parse_retry_after(resp.headers.get("Retry-After"))
         except aiohttp.ClientConnectorError as e:
             raise ConnectionFailed(f"cannot connect to {base_url}: {e}", sent=False, url=base_url) from e
+        except aiohttp.ClientOSError as e:
+            # A pooled connection to a member that died (a failed-over primary) fails while the
+            # request is written; a server never acts on a request whose body it did not receive.
+            unsent = UNWRITTEN in str(e)
+            raise ConnectionFailed(f"{method} {target}: {type(e).__name__}: {e}", sent=not unsent,
+                                   url=base_url) from e
         except (aiohttp.ClientError, TimeoutError) as e:
             raise ConnectionFailed(f"{method} {target}: {type(e).__name__}: {e}", sent=True, url=base_url) from e
         if status < 400:
