@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from delayd.broker import config as config_mod
 
 from tests.deploy.tools import DEPLOY, MEMBERS, ROOT, dockerfile_healthcheck_code, run_ok, tool
