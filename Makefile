@@ -66,6 +66,7 @@ bench: install-dev
 	$(PY) -m bench.list_bench -n 10000000
 	$(PY) -m bench.daemon_vs_redis
 	$(PY) -m bench.spark_bench
+	$(PY) -m bench.replication_bench
 
 # The differential tests of the compiled batch core under AddressSanitizer and UBSan: rebuilds the
 # extension with the sanitizers, runs tests/storage/test_batch_differential.py with the runtime
