@@ -197,14 +197,15 @@ async def test_advertised_urls_are_mapped_to_the_urls_given(rs: ReplicaSet) -> N
     a, b, c3 = rs.members
     for i, m in enumerate(rs.members):
         m.advertise_url = f"http://delayd-s0-{'abc'[i]}:7070"
+    rs.promote(2)
     async with AsyncClient([b.url, c3.url, a.url], retry=FAST_RETRY) as c:
-        await c.info()
-        rs.promote(2)
-        c3.script = [error(421, "not_primary", primary="http://delayd-s0-a:7070")]
-        # Discovery found c primary; c now redirects to a by its advertised name.
-        rs.promote(0)
+        await c.send("t", "first")
+        assert c.primaries == {"s0": c3.url}, "discovery: c said it is primary"
+        rs.promote(0)  # c is a follower now: its 421 names a by a name only the members resolve
         r = await c.send("t", "x")
         assert r.id.startswith("s0-") and c.primaries == {"s0": a.url}
+        assert count(c3, PRODUCE) == 2 and count(a, PRODUCE) == 1
+        assert c.shards == {"s0": [b.url, c3.url, a.url]}, "no unusable advertised URL was added"
 
 
 async def test_a_member_down_at_discovery_is_placed_by_its_shard(rs: ReplicaSet) -> None:
