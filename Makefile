@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 DEV_STAMP := $(VENV)/.installed-dev-stamp
 
-.PHONY: install install-dev run test lint typecheck-tree format bench asan torture clean tools cluster cluster-stop
+.PHONY: install install-dev run test lint typecheck-tree format bench asan torture clean tools cluster cluster-shards cluster-stop
 
 install: $(STAMP)
 install-dev: $(DEV_STAMP)
@@ -31,11 +31,16 @@ tools:
 test: install-dev tools
 	$(PY) -m pytest -q
 
+# etcd plus one replicated shard of three members (deploy/cluster.sh); cluster-shards: three plain shards.
 cluster: install
 	deploy/cluster.sh start
 
+cluster-shards: install
+	DELAYD_CLUSTER_MODE=shards deploy/cluster.sh start
+
 cluster-stop:
 	deploy/cluster.sh stop
+	DELAYD_CLUSTER_MODE=shards deploy/cluster.sh stop
 
 # mypy cannot follow pyproject's folder mapping (delayd.broker lives in broker/), so it checks
 # the package through a tree of symlinks laid out as the installed wheel is.
@@ -61,6 +66,7 @@ bench: install-dev
 	$(PY) -m bench.list_bench -n 10000000
 	$(PY) -m bench.daemon_vs_redis
 	$(PY) -m bench.spark_bench
+	$(PY) -m bench.replication_bench
 
 # The differential tests of the compiled batch core under AddressSanitizer and UBSan: rebuilds the
 # extension with the sanitizers, runs tests/storage/test_batch_differential.py with the runtime

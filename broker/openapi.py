@@ -145,7 +145,32 @@ SCHEMAS: dict[str, Any] = {
          "pipeline", "disk_bytes")),
     "Schedule": obj({"buckets": {"type": "array", "maxItems": 10_000, "items": {
         "type": "array", "items": INT, "minItems": 2, "maxItems": 2}}}, ("buckets",)),
-    "Info": obj({"node_id": STR, "version": STR}, ("node_id", "version")),
+    "Info": obj({"node_id": STR, "version": STR,
+                 # (addition) replication: this member's role and the primary it knows.
+                 "role": {"type": "string", "enum": ["primary", "follower", "candidate"]},
+                 "primary": NULLABLE_STR}, ("node_id", "version")),
+    # (addition) Replication: a follower's 421 names the primary; GET /v1/cluster describes the shard.
+    "NotPrimaryError": obj({"error": obj({"code": {"type": "string", "enum": ["not_primary"]}, "message": STR,
+                                          "primary": {**NULLABLE_STR, "description": "the primary's advertised "
+                                                      "URL; null while this member knows none"}},
+                                         ("code", "message", "primary"))}, ("error",)),
+    "ClusterMember": obj({"member": STR, "url": STR,
+                          "role": {"type": "string", "enum": ["primary", "follower", "candidate"]},
+                          "in_sync": BOOL, "registered": BOOL, "log_end": COUNT, "lag_bytes": COUNT, "lag_ms": COUNT},
+                         ("member", "url", "role", "in_sync", "registered")),
+    "ClusterReplicated": obj({
+        "shard": STR, "epoch": COUNT,
+        "primary": {**obj({"member": STR, "url": STR, "epoch": COUNT}, ("member", "url", "epoch")), "nullable": True},
+        "isr": obj({"epoch": COUNT, "members": {"type": "array", "items": STR}, "revision": COUNT},
+                   ("epoch", "members")),
+        "members": {"type": "array", "items": ref("ClusterMember")},
+        "self": obj({"member": STR, "role": {"type": "string", "enum": ["primary", "follower", "candidate"]},
+                     "epoch": COUNT, "may_acknowledge": BOOL, "fence_left_ms": {"type": "integer", "nullable": True}},
+                    ("member", "role", "epoch", "may_acknowledge", "fence_left_ms"))},
+        ("shard", "epoch", "primary", "isr", "members", "self")),
+    "ClusterSingle": obj({"replication": {"type": "boolean", "enum": [False]}, "shard": STR,
+                          "role": {"type": "string", "enum": ["primary"]}}, ("replication", "shard", "role")),
+    "Cluster": {"oneOf": [ref("ClusterReplicated"), ref("ClusterSingle")]},
     # (addition) GET /v1/topics/{topic}/messages and GET /v1/messages: pending messages in due order.
     "Listed": obj({**VIEW_PROPS, "produced_at": EPOCH_MS, "body_size": COUNT}, (*VIEW_REQUIRED, "produced_at", "body_size")),
     "Listing": obj({"messages": {"type": "array", "maxItems": 1000, "items": ref("Listed")},
@@ -164,9 +189,13 @@ ERRORS = {
     "413": "The body is over max_request_bytes (1 MiB for bodies other than a produce's) or "
            "max_request_elements (docs/api.md, Limits)",
     "415": "Content-Type is neither application/json nor application/msgpack",
+    "421": "not_primary: this member is a follower of a replicated shard; nothing was done. Send the request "
+           "to error.primary (docs/api.md, Replication)",
     "429": "Backpressure: indexing is behind; retry after Retry-After seconds",
     "503": "Recovery is still running (not_ready), or the broker is out of file descriptors (unavailable); "
-           "retry after Retry-After seconds",
+           "with replication: no primary is known (no_primary), too few in-sync members to accept a write "
+           "(insufficient_replicas; nothing stored), or a stored write lost copies while it waited "
+           "(under_replicated; outcome uncertain). Retry after Retry-After seconds",
     "507": "Disk full (or a failed fsync): nothing was stored",
 }
 RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before retrying",
@@ -194,10 +223,13 @@ def params(*names: str) -> list[dict[str, str]]:
 
 def op(operation_id: str, summary: str, ok: str, errors: tuple[str, ...], *, path: tuple[str, ...] = (),
        body: str | dict[str, Any] | None = None, body_required: bool = True,
-       query: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+       query: list[dict[str, Any]] | None = None, primary_only: bool = True) -> dict[str, Any]:
     """One operation. Every operation may also answer 400 (bad input), 401/403 (auth), 405 and
-    503 (recovery), so those are always listed; `errors` adds the operation's own."""
-    codes = sorted({"400", "401", "403", "405", "503", *errors, *(("408", "413", "415") if body else ())})
+    503 (recovery), so those are always listed; `errors` adds the operation's own. `primary_only`:
+    a follower of a replicated shard answers it 421 (every /v1 operation except those a member
+    answers about itself: info, cluster, stats, schedule)."""
+    codes = sorted({"400", "401", "403", "405", "503", *errors, *(("408", "413", "415") if body else ()),
+                    *(("421",) if primary_only else ())})
     responses: dict[str, Any] = {"200": {"description": "OK", "content": content(ref(ok))}}
     for code in codes:
         responses[code] = {"$ref": f"#/components/responses/E{code}"}
@@ -287,10 +319,14 @@ def spec() -> dict[str, Any]:
             f"{g}/dead/redrive": {"post": op(
                 "redrive", "Re-queue dead letters (all, or those in ids)", "Redriven", ("507",), path=tg,
                 body="RedriveRequest", body_required=False)},
-            "/v1/stats": {"get": op("stats", "Statistics", "Stats", ())},
+            "/v1/stats": {"get": op("stats", "Statistics", "Stats", (), primary_only=False)},
             "/v1/schedule": {"get": op("schedule", "Pending messages per due-time bucket", "Schedule", (), query=[
-                {"name": n, "in": "query", "required": True, "schema": INT} for n in ("from", "to", "step_ms")])},
-            "/v1/info": {"get": op("info", "Node identity and version", "Info", ())},
+                {"name": n, "in": "query", "required": True, "schema": INT} for n in ("from", "to", "step_ms")],
+                primary_only=False)},
+            "/v1/info": {"get": op("info", "Node identity and version (with replication: role, primary)", "Info", (),
+                                   primary_only=False)},
+            "/v1/cluster": {"get": op("cluster", "The shard's members, roles, epoch, in-sync set and lag "
+                                      "(replication; any member answers)", "Cluster", (), primary_only=False)},
             "/metrics": {"get": {"operationId": "metrics", "summary": "Prometheus metrics (admin right)",
                                  "responses": {
                                      "200": {"description": "Prometheus text format",
@@ -311,7 +347,7 @@ def spec() -> dict[str, Any]:
             "parameters": PARAMETERS,
             "schemas": SCHEMAS,
             "responses": {f"E{code}": {
-                "description": text, "content": content(ref("Error")),
+                "description": text, "content": content(ref("NotPrimaryError" if code == "421" else "Error")),
                 **({"headers": RETRY_AFTER} if code in ("429", "503") else {})} for code, text in ERRORS.items()},
         },
     }

@@ -20,16 +20,20 @@ from delayd.client.errors import (
     DelayTooLong,
     DiskFull,
     Forbidden,
+    InsufficientReplicas,
     InvalidMessage,
     InvalidName,
     InvalidParameter,
     InvalidRequest,
+    NoPrimary,
     NotFound,
+    NotPrimary,
     ProtocolError,
     ServerError,
     TooLarge,
     Unauthorized,
     Unavailable,
+    UnderReplicated,
     UnsupportedMediaType,
 )
 from delayd.client.http import RetryPolicy
@@ -66,4 +70,5 @@ __all__ = [
     "DelaydError", "InvalidRequest", "InvalidName", "InvalidMessage", "InvalidParameter", "DelayTooLong", "TooLarge",
     "UnsupportedMediaType", "Unauthorized", "Forbidden", "NotFound", "Conflict", "AlreadyDelivered",
     "Backpressure", "ServerError", "Unavailable", "DiskFull", "ConnectionFailed", "ProtocolError",
+    "NotPrimary", "NoPrimary", "InsufficientReplicas", "UnderReplicated",
 ]

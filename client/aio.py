@@ -12,6 +12,10 @@ use) and then routes
 
 Pending messages never move between shards. When shards are added, keys move per consistent hashing,
 so `cancel_key` / `get_key` ask every shard when the key's current owner answers 404.
+
+Replicas: URLs whose `/v1/info` reports the same node id are members of one replicated shard, not
+two shards. Each request to a shard goes to its primary (client.replicas, client.http: a 421 is
+followed, an unreachable member skipped).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from delayd.client.codec import Body, Encoding, OutgoingMessage, to_epoch_ms, to_ms_duration
-from delayd.client.errors import AlreadyDelivered, DelaydError, InvalidMessage, NotFound
+from delayd.client.errors import AlreadyDelivered, ConnectionFailed, DelaydError, InvalidMessage, NotFound
 from delayd.client.http import Retry, RetryPolicy, TlsOption, Transport, path, tls_context
 from delayd.client.listing import Listing
 from delayd.client.models import (
@@ -43,6 +47,7 @@ from delayd.client.models import (
     Subscription,
     SubscriptionStatus,
 )
+from delayd.client.replicas import Shard, advertised_members, normalize_url
 from delayd.client.ring import DEFAULT_VNODES, HashRing, routing_key
 from delayd.client.shardpull import PullKey, ShardedPuller
 
@@ -53,23 +58,33 @@ MAX_BATCH = 10_000  # the API's limit for one produce request
 REQUEST_BYTES = 8 << 20
 REQUEST_ELEMENTS = 200_000
 
-Urls = str | Sequence[str] | Mapping[str, str]
+Urls = str | Sequence[str] | Mapping[str, str | Sequence[str]]
 Receipts = str | ReceivedMessage | Iterable[str | ReceivedMessage]
 Push = PushSettings | Mapping[str, Any] | bool | None  # subscribe(push=...): False = back to pull
 
 
-def normalize_urls(url: Urls) -> tuple[list[str], dict[str, str]]:
-    """(urls, known node ids by url). A string may hold several URLs separated by commas."""
-    if isinstance(url, Mapping):
-        nodes = {str(u).rstrip("/"): str(n) for n, u in url.items()}
-        return list(nodes), nodes
+def _url_list(url: str | Sequence[str]) -> list[str]:
     items = url.split(",") if isinstance(url, str) else list(url)
-    urls = [u.strip().rstrip("/") for u in items if u and u.strip()]
+    return [normalize_url(u) for u in items if u and u.strip()]
+
+
+def normalize_urls(url: Urls) -> tuple[list[str], dict[str, str]]:
+    """(urls, known node ids by url). A string may hold several URLs separated by commas; a mapping
+    gives each node id one URL or several (the members of a replicated shard)."""
+    nodes: dict[str, str] = {}
+    if isinstance(url, Mapping):
+        urls = []
+        for node, members in url.items():
+            for u in _url_list(members):
+                urls.append(u)
+                nodes[u] = str(node)
+    else:
+        urls = _url_list(url)
     if not urls:
         raise ValueError("at least one broker URL is required")
     if len(set(urls)) != len(urls):
         raise ValueError(f"duplicate broker URL in {urls}")
-    return urls, {}
+    return urls, nodes
 
 
 def owner_node(id_or_receipt: str) -> str:
@@ -123,7 +138,9 @@ class AsyncClient(Listing):
     """Asynchronous delayd client. Use as `async with AsyncClient(url) as c:` or call `close()`.
 
     `url` is one base URL, several (a list, or one string with commas) for a sharded deployment, or
-    a mapping `{node_id: url}` that skips the `/v1/info` discovery. `encoding` is `"msgpack"`
+    a mapping `{node_id: url}` that skips the `/v1/info` discovery. URLs that report the same node id
+    are the members of one replicated shard (in a mapping: `{node_id: [url, ...]}`); requests go to
+    its primary, following 421 `not_primary` redirects. `encoding` is `"msgpack"`
     (default) or `"json"`. `token` is the bearer token when the daemon has tokens configured.
 
     `tls` is for `https://` URLs of a daemon whose certificate the system does not trust (a
@@ -146,11 +163,16 @@ class AsyncClient(Listing):
                                retry=retry or RetryPolicy(), tls=tls_context(tls))
         self._vnodes = vnodes
         self._ring: HashRing | None = None
-        self._url_by_node: dict[str, str] = {}
+        self._shards: dict[str, Shard] = {}  # by name: the node id, or the only URL given
+        self._targets: list[str] = []         # shard names, in the order their first URL was given
         self._discovery: asyncio.Lock | None = None
         self._puller = ShardedPuller()
         if self._node_by_url:
-            self._build_ring(self._node_by_url)
+            self._build_shards({u: (n, None) for u, n in self._node_by_url.items()})
+        elif len(self._urls) == 1:
+            # One URL is one shard (replicated or not): nothing to discover before the first call.
+            self._shards = {self._urls[0]: Shard.single(self._urls[0])}
+            self._targets = [self._urls[0]]
 
     # ----------------------------------------------------------------- lifecycle & topology
 
@@ -161,8 +183,21 @@ class AsyncClient(Listing):
 
     @property
     def sharded(self) -> bool:
-        """True when the client spreads over several brokers (shards)."""
-        return len(self._urls) > 1
+        """True when the client spreads over several shards. Before the first call, several URLs
+        whose node ids are not known yet count as sharded (they may turn out to be one replicated
+        shard)."""
+        return len(self._targets) > 1 if self._targets else len(self._urls) > 1
+
+    @property
+    def shards(self) -> dict[str, list[str]]:
+        """Each shard's member URLs by shard name (its node id; the URL itself for a lone URL),
+        once known (empty before the first call of a client given several URLs)."""
+        return {n: list(self._shards[n].members) for n in self._targets}
+
+    @property
+    def primaries(self) -> dict[str, str | None]:
+        """The primary each shard's requests go to now (None: not known, the next member is tried)."""
+        return {n: self._shards[n].primary for n in self._targets}
 
     async def __aenter__(self) -> AsyncClient:
         """`async with AsyncClient(...) as c:` closes the client at the end of the block."""
@@ -179,47 +214,90 @@ class AsyncClient(Listing):
         await self._puller.close(lambda t, g, ms: self.nack(t, g, ms, delay_ms=0))
         await self._http.close()
 
-    def _build_ring(self, node_by_url: Mapping[str, str]) -> None:
-        nodes = list(node_by_url.values())
-        if len(set(nodes)) != len(nodes):
-            raise ValueError(f"two shard URLs report the same node id: {dict(node_by_url)}")
-        self._node_by_url = dict(node_by_url)
-        self._url_by_node = {n: u for u, n in node_by_url.items()}
-        self._ring = HashRing(nodes, self._vnodes)
+    def _build_shards(self, found: Mapping[str, tuple[str, str | None]]) -> None:
+        """Shards from {url: (node id, role)}, members in the order given; a member that says it is
+        primary is tried first."""
+        shards: dict[str, Shard] = {}
+        for u in self._urls:
+            if u not in found:
+                continue
+            node, role = found[u]
+            shard = shards.setdefault(node, Shard(node, []))
+            shard.members.append(u)
+            if role == "primary":
+                shard.primary = u
+        self._node_by_url = {u: n for u, (n, _) in found.items()}
+        self._shards = shards
+        self._targets = list(shards)
+        self._ring = HashRing(self._targets, self._vnodes) if len(shards) > 1 else None
 
-    async def _topology(self) -> HashRing:
-        if self._ring is not None:
-            return self._ring
+    async def _ready(self) -> None:
+        """Know the shards: ask every URL's `/v1/info` once (several URLs, no mapping given)."""
+        if self._targets:
+            return
         if self._discovery is None:
             self._discovery = asyncio.Lock()
         async with self._discovery:
-            if self._ring is None:
-                infos = await self.info()
-                self._build_ring({i.url: i.node_id for i in infos})
-        assert self._ring is not None
+            if not self._targets:
+                await self._discover()
+
+    async def _discover(self) -> None:
+        outcomes = await asyncio.gather(*(self._http.request(u, "GET", "/v1/info") for u in self._urls),
+                                        return_exceptions=True)
+        found: dict[str, tuple[str, str | None]] = {}
+        down: list[tuple[str, ConnectionFailed]] = []
+        for u, outcome in zip(self._urls, outcomes, strict=True):
+            if isinstance(outcome, ConnectionFailed):
+                down.append((u, outcome))
+            elif isinstance(outcome, BaseException):
+                raise outcome
+            else:
+                role = outcome.get("role")
+                found[u] = (str(outcome["node_id"]), role if isinstance(role, str) else None)
+        views = await self._cluster_views([u for u in self._urls if u in found])
+        for u, err in down:
+            # A member that is down now can still be placed by what its shard says of its members.
+            node = next((found[v][0] for v, view in views.items() if u in advertised_members(view)), None)
+            if node is None:
+                raise err
+            found[u] = (node, None)
+        self._build_shards(found)
+        for v, view in views.items():
+            self._shards[found[v][0]].learn_aliases(v, view)
+
+    async def _cluster_views(self, urls: list[str]) -> dict[str, Any]:
+        """`GET /v1/cluster` of each URL that answers one with replication on (a daemon without
+        replication, or one older than it, is simply left out)."""
+        if len(self._urls) < 2:
+            return {}
+        outcomes = await asyncio.gather(*(self._http.request(u, "GET", "/v1/cluster", retry=Retry.NEVER)
+                                          for u in urls), return_exceptions=True)
+        return {u: o for u, o in zip(urls, outcomes, strict=True)
+                if isinstance(o, Mapping) and isinstance(o.get("members"), list)}
+
+    async def _topology(self) -> HashRing | None:
+        await self._ready()
         return self._ring
 
-    async def _url_for_id(self, id_or_receipt: str) -> str:
-        if not self.sharded:
-            return self._urls[0]
-        await self._topology()
+    async def _shard_for_id(self, id_or_receipt: str) -> str:
+        await self._ready()
+        if len(self._targets) == 1:
+            return self._targets[0]
         node = owner_node(id_or_receipt)
-        try:
-            return self._url_by_node[node]
-        except KeyError:
-            raise NotFound(f"no shard has node id {node!r} (from {id_or_receipt!r})") from None
+        if node not in self._shards:
+            raise NotFound(f"no shard has node id {node!r} (from {id_or_receipt!r})")
+        return node
 
-    async def _url_for_key(self, topic: str, key: str) -> str:
-        if not self.sharded:
-            return self._urls[0]
+    async def _shard_for_key(self, topic: str, key: str) -> str:
         ring = await self._topology()
-        return self._url_by_node[ring.owner_of(topic, key)]
+        return self._targets[0] if ring is None else ring.owner_of(topic, key)
 
-    async def _call(self, url: str, method: str, url_path: str, **kw: Any) -> Any:
-        return await self._http.request(url, method, url_path, **kw)
+    async def _call(self, shard: str, method: str, url_path: str, **kw: Any) -> Any:
+        return await self._http.request(self._shards[shard], method, url_path, **kw)
 
     async def _everywhere(self, method: str, url_path: str, **kw: Any) -> list[Any]:
-        return list(await asyncio.gather(*(self._call(u, method, url_path, **kw) for u in self._urls)))
+        await self._ready()
+        return list(await asyncio.gather(*(self._call(n, method, url_path, **kw) for n in self._targets)))
 
     # ----------------------------------------------------------------- produce
 
@@ -256,14 +334,14 @@ class AsyncClient(Listing):
         if not msgs:
             return []
         routes: dict[str, list[int]] = {}
-        if not self.sharded:
-            routes[self._urls[0]] = list(range(len(msgs)))
+        ring = await self._topology()
+        if ring is None:
+            routes[self._targets[0]] = list(range(len(msgs)))
         else:
-            ring = await self._topology()
-            unkeyed = self._url_by_node[ring.owner(routing_key(topic, secrets.token_hex(8)))]
+            unkeyed = ring.owner(routing_key(topic, secrets.token_hex(8)))
             for i, m in enumerate(msgs):
-                url = self._url_by_node[ring.owner_of(topic, m.key)] if m.key is not None else unkeyed
-                routes.setdefault(url, []).append(i)
+                shard = ring.owner_of(topic, m.key) if m.key is not None else unkeyed
+                routes.setdefault(shard, []).append(i)
         parts: list[tuple[str, list[int]]] = []
         for url, indices in routes.items():
             parts += [(url, part) for part in request_parts(indices, wires)]
@@ -276,7 +354,7 @@ class AsyncClient(Listing):
             results = [SendResult.from_wire(r) for r in answer["messages"]]
             if len(results) != len(indices):
                 raise DelaydError(f"asked to store {len(indices)} messages, broker answered {len(results)}",
-                                  code="protocol_error", url=url)
+                                  code="protocol_error", url=self._shards[url].current())
             return results
 
         outcomes = await asyncio.gather(*(produce(u, ix) for u, ix in parts), return_exceptions=True)
@@ -300,7 +378,7 @@ class AsyncClient(Listing):
 
     async def cancel(self, id: str) -> CancelResult:
         """Cancel a pending message. Idempotent; raises `AlreadyDelivered` (409) or `NotFound`."""
-        url = await self._url_for_id(id)
+        url = await self._shard_for_id(id)
         return CancelResult.from_wire(await self._call(url, "DELETE", path("messages", id)))
 
     async def cancel_key(self, topic: str, key: str) -> CancelResult:
@@ -310,7 +388,7 @@ class AsyncClient(Listing):
 
     async def get(self, id: str) -> Message:
         """A message by id, with its state (scheduled, delivered, cancelled); `NotFound` if none."""
-        url = await self._url_for_id(id)
+        url = await self._shard_for_id(id)
         return Message.from_wire(await self._call(url, "GET", path("messages", id)))
 
     async def get_key(self, topic: str, key: str) -> Message:
@@ -319,11 +397,11 @@ class AsyncClient(Listing):
 
     async def _by_key(self, method: str, topic: str, key: str) -> Any:
         url_path = path("topics", topic, "keys", key)
-        owner = await self._url_for_key(topic, key)
+        owner = await self._shard_for_key(topic, key)
         try:
             return await self._call(owner, method, url_path)
         except NotFound as first:
-            others = [u for u in self._urls if u != owner]
+            others = [u for u in self._targets if u != owner]
             if not others:
                 raise
             # The key may have been placed before shards were added: ask the previous owners too.
@@ -382,7 +460,8 @@ class AsyncClient(Listing):
 
     async def _on_shards_that_have_it(self, method: str, url_path: str) -> list[Any]:
         """Ask every shard; the answers of those that have it, `NotFound` when none has it."""
-        outcomes = await asyncio.gather(*(self._call(u, method, url_path) for u in self._urls),
+        await self._ready()
+        outcomes = await asyncio.gather(*(self._call(u, method, url_path) for u in self._targets),
                                         return_exceptions=True)
         found = [o for o in outcomes if not isinstance(o, BaseException)]
         for o in outcomes:
@@ -410,11 +489,11 @@ class AsyncClient(Listing):
                                       extra_timeout_s=wait_ms / 1000)
             return [ReceivedMessage.from_wire(m, group) for m in answer.get("messages") or []]
 
+        await self._ready()
         if not self.sharded:
-            return await fetch(self._urls[0], max, wait, lease)
-        await self._topology()
+            return await fetch(self._targets[0], max, wait, lease)
         key = PullKey(topic, group, None if tag_list is None else tuple(tag_list))
-        return await self._puller.pull(key, self._urls, fetch, max_messages=max, wait_ms=wait, lease_ms=lease)
+        return await self._puller.pull(key, self._targets, fetch, max_messages=max, wait_ms=wait, lease_ms=lease)
 
     async def _settle(self, topic: str, group: str, action: str, receipts: Receipts,
                       extra: Mapping[str, Any]) -> tuple[int, list[str], str]:
@@ -427,7 +506,7 @@ class AsyncClient(Listing):
         stale: list[str] = []
         for r in items:
             try:
-                by_url.setdefault(await self._url_for_id(r), []).append(r)
+                by_url.setdefault(await self._shard_for_id(r), []).append(r)
             except NotFound:
                 stale.append(r)  # no shard could ever have leased it
         answers = await asyncio.gather(*(
@@ -474,7 +553,7 @@ class AsyncClient(Listing):
         else:
             by_url: dict[str, list[str]] = {}
             for i in ids:
-                by_url.setdefault(await self._url_for_id(i), []).append(i)
+                by_url.setdefault(await self._shard_for_id(i), []).append(i)
             answers = list(await asyncio.gather(*(self._call(u, "POST", url_path, body={"ids": ix})
                                                   for u, ix in by_url.items())))
         return RedriveResult(sum(_redriven_count(a) for a in answers))
@@ -484,7 +563,7 @@ class AsyncClient(Listing):
     async def stats(self) -> Stats:
         """`GET /v1/stats` of every shard, merged (counts summed; each shard in `.shards`)."""
         answers = await self._everywhere("GET", "/v1/stats")
-        names = [self._node_by_url.get(u, u) for u in self._urls]
+        names = list(self._targets)
         return Stats.merge({n: Stats.from_wire(a or {}) for n, a in zip(names, answers, strict=True)})
 
     async def schedule(self, from_ms: int | datetime, to_ms: int | datetime,
@@ -500,10 +579,18 @@ class AsyncClient(Listing):
         return [ScheduleBucket(s, c) for s, c in sorted(counts.items())]
 
     async def info(self) -> list[NodeInfo]:
-        """`GET /v1/info` of every shard, in URL order."""
-        answers = await self._everywhere("GET", "/v1/info")
-        return [NodeInfo(u, str(a["node_id"]), str(a.get("version", ""))) for u, a in
-                zip(self._urls, answers, strict=True)]
+        """`GET /v1/info` of every URL given (each member of a replicated shard), in URL order:
+        its node id, version, and with replication its `role` and the `primary` it knows."""
+        answers = await asyncio.gather(*(self._http.request(u, "GET", "/v1/info") for u in self._urls))
+        return [NodeInfo.from_wire(u, a) for u, a in zip(self._urls, answers, strict=True)]
+
+    async def cluster(self) -> dict[str, dict[str, Any]]:
+        """`GET /v1/cluster` of every shard, by shard name: its members, their roles, the primary,
+        the epoch, the in-sync set and each follower's lag (docs/replication.md); with replication
+        off `{"replication": false, "shard": ..., "role": "primary"}`. Any member may answer."""
+        await self._ready()
+        answers = await asyncio.gather(*(self._call(n, "GET", "/v1/cluster") for n in self._targets))
+        return {n: dict(a) if isinstance(a, Mapping) else {} for n, a in zip(self._targets, answers, strict=True)}
 
 
 def _redriven_count(answer: Any) -> int:

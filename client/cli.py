@@ -1,9 +1,10 @@
 """User commands of the `delayd` CLI: send, cancel, get, ls, consume, subscribe, ack, dead, redrive,
-stats, schedule.
+stats, schedule, cluster.
 
 `delayd/cli.py` (the `delayd` entry point) calls `register(subparsers)` and then `args.func(args)`, which returns the exit code.
 `main(argv)` runs these commands on their own. Every command takes `--url` (env `DELAYD_URL`, default
-http://127.0.0.1:7070; several comma-separated URLs address a sharded deployment), `--token` (env
+http://127.0.0.1:7070; several URLs, comma-separated or `--url` repeated, address shards and the
+members of replicated shards - URLs reporting the same node id are one shard), `--token` (env
 `DELAYD_TOKEN`) and `--json` (machine-readable output on stdout; human text otherwise).
 
 Exit codes: 0 ok, 1 other API error, 2 bad usage or input, 3 not found, 4 conflict (already
@@ -53,8 +54,10 @@ SEND_CHUNK = 1_000  # messages per request when sending a file
 def _common() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     g = p.add_argument_group("connection and output")
-    g.add_argument("--url", default=None,
-                   help=f"broker URL, or several comma-separated shards (env DELAYD_URL, default {DEFAULT_URL})")
+    g.add_argument("--url", action="append", default=None, metavar="URL",
+                   help="broker URL; repeat it (or separate with commas) for several shards or the members "
+                        "of a replicated shard: URLs that report the same node id are one shard "
+                        f"(env DELAYD_URL, default {DEFAULT_URL})")
     g.add_argument("--token", default=None, help="bearer token (env DELAYD_TOKEN)")
     g.add_argument("--ca-file", default=None, metavar="PEM",
                    help="trust the CA certificate(s) in this file for https URLs (env DELAYD_CA_FILE)")
@@ -66,7 +69,7 @@ def _common() -> argparse.ArgumentParser:
 
 
 def _client(args: argparse.Namespace) -> Client:
-    url = args.url or os.environ.get("DELAYD_URL") or DEFAULT_URL
+    url = ",".join(args.url) if args.url else os.environ.get("DELAYD_URL") or DEFAULT_URL
     token = args.token or os.environ.get("DELAYD_TOKEN") or None
     ca_file = args.ca_file or os.environ.get("DELAYD_CA_FILE") or None
     return Client(url, token, timeout_s=args.timeout, retry=RetryPolicy(attempts=args.retries), tls=ca_file)
@@ -460,6 +463,54 @@ def cmd_schedule(args: argparse.Namespace, client: Client) -> int:
     return EXIT_OK
 
 
+# ---------------------------------------------------------------------------------------- cluster
+
+def _lag(m: dict[str, Any]) -> str:
+    parts = []
+    if isinstance(m.get("lag_ms"), int):
+        parts.append(format_duration(m["lag_ms"]))
+    if isinstance(m.get("lag_bytes"), int):
+        parts.append(format_bytes(m["lag_bytes"]))
+    return " / ".join(parts) or "-"
+
+
+def _print_cluster(name: str, view: dict[str, Any]) -> None:
+    if view.get("replication") is False:
+        print(f"shard {view.get('shard', name)}: replication off (a single daemon; it is its own primary)")
+        return
+    primary = view.get("primary")
+    isr = view.get("isr") or {}
+    me = view.get("self") or {}
+    print(f"shard {view.get('shard', name)}  epoch {view.get('epoch', '-')}  primary "
+          + (f"{primary.get('member')} {primary.get('url')} (epoch {primary.get('epoch')})"
+             if isinstance(primary, dict) else "none (an election is under way, or no in-sync member is up)"))
+    print(f"in sync: {', '.join(isr.get('members') or []) or '-'} (set written in epoch {isr.get('epoch', '-')})")
+    members = [m for m in view.get("members") or [] if isinstance(m, dict)]
+    if members:
+        print(table(["member", "url", "role", "in sync", "registered", "lag"],
+                    [(m.get("member", "?"), m.get("url", "?"), m.get("role", "?"),
+                      "yes" if m.get("in_sync") else "no", "yes" if m.get("registered") else "no", _lag(m))
+                     for m in members]))
+    if me:
+        fence = me.get("fence_left_ms")
+        print(f"answered by {me.get('member', '?')} ({me.get('role', '?')}, epoch {me.get('epoch', '-')}"
+              + (f", may acknowledge for {fence} ms" if me.get("may_acknowledge") and fence is not None else "")
+              + ")")
+
+
+@_command
+def cmd_cluster(args: argparse.Namespace, client: Client) -> int:
+    views = client.cluster()
+    if args.json:
+        _print_json(views)
+        return EXIT_OK
+    for i, (name, view) in enumerate(views.items()):
+        if i:
+            print()
+        _print_cluster(name, view)
+    return EXIT_OK
+
+
 # ---------------------------------------------------------------------------------------- ls
 
 @_command
@@ -620,6 +671,12 @@ def register(subparsers: Any) -> None:
 
     p = subparsers.add_parser("stats", parents=[common], help="counters, lateness, backlog")
     p.set_defaults(func=cmd_stats)
+
+    p = subparsers.add_parser("cluster", parents=[common], help="members, roles, epoch and lag of each shard",
+                              description="GET /v1/cluster of each shard: its primary and epoch, the in-sync "
+                              "set, and each member's role, registration and lag (replicated shards); a "
+                              "daemon without replication says so.")
+    p.set_defaults(func=cmd_cluster)
 
     p = subparsers.add_parser("schedule", parents=[common], help="histogram of what falls due",
                               description="How many pending messages fall due over the next N hours.")

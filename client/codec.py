@@ -149,7 +149,8 @@ def decode_body(obj: Mapping[str, Any]) -> bytes:
 
 def dumps(obj: Any, encoding: Encoding) -> bytes:
     if encoding is Encoding.MSGPACK:
-        return msgpack.packb(obj, use_bin_type=True)
+        packed: bytes = msgpack.packb(obj, use_bin_type=True)  # msgpack has no type hints
+        return packed
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 

@@ -17,9 +17,13 @@ callers can catch a family (`except NotFound`) or everything (`except DelaydErro
     ├── NotFound                404  no such message / key
     ├── Conflict                409
     │   └── AlreadyDelivered    409  already_delivered: too late to cancel
+    ├── NotPrimary              421  not_primary: a replica follower; .primary names the primary's URL
     ├── Backpressure            429  the broker refused the work for now (.retry_after)
     ├── ServerError             5xx
     │   ├── Unavailable         503  not ready yet or shutting down (.retry_after)
+    │   │   ├── NoPrimary       503  no_primary: the shard is electing a primary; nothing was done
+    │   │   ├── InsufficientReplicas 503  insufficient_replicas: too few in-sync copies; nothing stored
+    │   │   └── UnderReplicated 503  under_replicated: stored on the primary, copies uncertain
     │   └── DiskFull            507  disk_full
     ├── ConnectionFailed        no HTTP answer (refused, reset, timed out)
     └── ProtocolError           an answer the SDK cannot parse
@@ -116,12 +120,43 @@ class Backpressure(DelaydError):
     default_code = "backpressure"
 
 
+class NotPrimary(DelaydError):
+    """421: the member asked is a follower of a replicated shard. `primary` is the URL of the
+    shard's primary (None while the follower knows none). Nothing was done; the SDK follows it."""
+
+    default_code = "not_primary"
+
+    def __init__(self, message: str, *, primary: str | None = None, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.primary = primary
+
+
 class ServerError(DelaydError):
     default_code = "server_error"
 
 
 class Unavailable(ServerError):
     default_code = "unavailable"
+
+
+class NoPrimary(Unavailable):
+    """503: the shard has no primary right now (an election is under way). Nothing was done."""
+
+    default_code = "no_primary"
+
+
+class InsufficientReplicas(Unavailable):
+    """503: the primary has fewer in-sync members than `replication_min_insync`; it refused the
+    write before storing anything."""
+
+    default_code = "insufficient_replicas"
+
+
+class UnderReplicated(Unavailable):
+    """503: the primary stored the write but its in-sync set shrank before every copy was
+    confirmed. The outcome is uncertain (like any 5xx): the write may survive or not."""
+
+    default_code = "under_replicated"
 
 
 class DiskFull(ServerError):
@@ -161,6 +196,10 @@ CODE_TO_ERROR: dict[str, type[DelaydError]] = {
     "conflict": Conflict,
     "already_delivered": AlreadyDelivered,
     "backpressure": Backpressure,
+    "not_primary": NotPrimary,
+    "no_primary": NoPrimary,
+    "insufficient_replicas": InsufficientReplicas,
+    "under_replicated": UnderReplicated,
     "unavailable": Unavailable,
     "not_ready": Unavailable,
     "disk_full": DiskFull,
@@ -174,6 +213,7 @@ STATUS_TO_ERROR: dict[int, type[DelaydError]] = {
     409: Conflict,
     413: TooLarge,
     415: UnsupportedMediaType,
+    421: NotPrimary,
     429: Backpressure,
     503: Unavailable,
     507: DiskFull,
@@ -186,13 +226,19 @@ def error_from_response(status: int, payload: Any, *, retry_after: float | None 
     code: str | None = None
     message = fallback_text or f"HTTP {status}"
     index: int | None = None
+    primary: str | None = None
     if isinstance(payload, Mapping) and isinstance(payload.get("error"), Mapping):
         err = payload["error"]
         code = str(err["code"]) if err.get("code") is not None else None
         message = str(err.get("message") or message)
         raw_index = err.get("index")
         index = raw_index if isinstance(raw_index, int) and not isinstance(raw_index, bool) else None
+        raw_primary = err.get("primary")
+        primary = raw_primary.rstrip("/") if isinstance(raw_primary, str) and raw_primary else None
     cls = CODE_TO_ERROR.get(code or "") or STATUS_TO_ERROR.get(status)
     if cls is None:
         cls = ServerError if status >= 500 else InvalidRequest
+    if issubclass(cls, NotPrimary):
+        return cls(message, code=code, status=status, index=index, retry_after=retry_after, url=url,
+                   primary=primary)
     return cls(message, code=code, status=status, index=index, retry_after=retry_after, url=url)

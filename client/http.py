@@ -10,6 +10,19 @@ Retrying is only done where it cannot create a duplicate:
   request went out, or a 503, is raised to the caller: the batch may or may not be stored.
 * `Retry.NEVER`.
 
+Replicated shards (docs/replication.md) add three answers, each retried by the same rule:
+
+* 421 `not_primary` names the shard's primary: the request is sent there at once (nothing was done,
+  so this is safe for every request, and is not counted as a retry), at most `MAX_REDIRECTS` times.
+* 503 `no_primary` and `insufficient_replicas` refused the request before doing anything: retried
+  like 429 `backpressure`, also for unkeyed produce.
+* 503 `under_replicated` was stored on the primary but may not survive it: like any 503, retried
+  only under `Retry.SAFE`.
+
+A request to a shard with several members goes to the primary last seen; when that member cannot
+be reached it goes to the next member (a follower redirects), without a pause while a member is
+left that this round has not tried.
+
 The pause is jittered exponential backoff, and never shorter than the broker's `Retry-After`.
 """
 
@@ -33,15 +46,20 @@ from delayd.client.errors import (
     Backpressure,
     ConnectionFailed,
     DelaydError,
+    InsufficientReplicas,
+    NoPrimary,
+    NotPrimary,
     ProtocolError,
     Unavailable,
     error_from_response,
 )
+from delayd.client.replicas import MAX_REDIRECTS, Shard
 
 USER_AGENT = "delayd-python-client/0.1"
 
 
 LARGE_BODY_BYTES = 1024 * 1024  # aiohttp's limit for a raw bytes body (payload.TOO_LARGE_BYTES_BODY)
+UNWRITTEN = "Can not write request body"  # aiohttp's ClientOSError when sending the request failed
 
 class Retry(Enum):
     SAFE = "safe"
@@ -104,8 +122,8 @@ def parse_retry_after(value: str | None) -> float | None:
 def _retryable(err: DelaydError, mode: Retry) -> bool:
     if mode is Retry.NEVER:
         return False
-    if isinstance(err, Backpressure):
-        return True
+    if isinstance(err, Backpressure | NoPrimary | InsufficientReplicas):
+        return True  # refused before anything was done
     if isinstance(err, ConnectionFailed):
         return mode is Retry.SAFE or not err.sent
     if isinstance(err, Unavailable) and err.status == 503:
@@ -149,24 +167,50 @@ class Transport:
             await self._session.close()
             self._session = None
 
-    async def request(self, base_url: str, method: str, url_path: str, *, body: Any = None,
+    async def request(self, where: str | Shard, method: str, url_path: str, *, body: Any = None,
                       query: Mapping[str, Any] | None = None, retry: Retry = Retry.SAFE,
                       extra_timeout_s: float = 0.0) -> Any:
-        """Send, retry per `retry`, and return the decoded answer or raise a `DelaydError`."""
-        target = base_url.rstrip("/") + url_path
+        """Send to one URL, or to a shard's primary (following 421 redirects, failing over among
+        its members); retry per `retry`; return the decoded answer or raise a `DelaydError`."""
+        shard = where if isinstance(where, Shard) else Shard.single(where.rstrip("/"))
+        suffix = url_path
         if query:
-            target += "?" + urlencode({k: v for k, v in query.items() if v is not None})
+            suffix += "?" + urlencode({k: v for k, v in query.items() if v is not None})
         data = None if body is None else dumps(body, self.encoding)
         headers = {"Content-Type": self.encoding.content_type} if data is not None else {}
         timeout = aiohttp.ClientTimeout(total=self.timeout_s + extra_timeout_s)
         attempts = self.retry.attempts if retry is not Retry.NEVER else 1
-        number = 0
+        number = redirects = 0
+        tried: set[str] = set()  # members that could not be reached in this round
         while True:
-            number += 1
+            base_url = shard.current()
             try:
-                return await self._once(base_url, method, target, data, headers, timeout)
+                return await self._once(base_url, method, base_url + suffix, data, headers, timeout)
+            except NotPrimary as err:
+                redirects += 1
+                if redirects > MAX_REDIRECTS:
+                    err.message += f" (gave up after {MAX_REDIRECTS} redirects)"
+                    raise
+                if err.primary is not None and shard.resolve(err.primary) != base_url:
+                    shard.follow(err.primary)
+                    continue
+                # A follower that knows no primary (or names itself): ask another member after a pause.
+                shard.failed(base_url)
+                number += 1
+                if number >= attempts:
+                    raise
+                pause = self.retry.delay_s(number, err.retry_after)
             except DelaydError as err:
-                if number >= attempts or not _retryable(err, retry):
+                if not _retryable(err, retry):
+                    raise
+                if isinstance(err, ConnectionFailed):
+                    shard.failed(base_url)
+                    tried.add(base_url)
+                    if not err.sent and shard.others(tried):
+                        continue  # another member may be up: no pause
+                    tried.clear()
+                number += 1
+                if number >= attempts:
                     raise
                 pause = self.retry.delay_s(number, err.retry_after)
             await asyncio.sleep(pause)
@@ -187,6 +231,12 @@ class Transport:
                 retry_after = parse_retry_after(resp.headers.get("Retry-After"))
         except aiohttp.ClientConnectorError as e:
             raise ConnectionFailed(f"cannot connect to {base_url}: {e}", sent=False, url=base_url) from e
+        except aiohttp.ClientOSError as e:
+            # A pooled connection to a member that died (a failed-over primary) fails while the
+            # request is written; a server never acts on a request whose body it did not receive.
+            unsent = UNWRITTEN in str(e)
+            raise ConnectionFailed(f"{method} {target}: {type(e).__name__}: {e}", sent=not unsent,
+                                   url=base_url) from e
         except (aiohttp.ClientError, TimeoutError) as e:
             raise ConnectionFailed(f"{method} {target}: {type(e).__name__}: {e}", sent=True, url=base_url) from e
         if status < 400:

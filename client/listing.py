@@ -27,13 +27,16 @@ MAX_PAGE = 1000  # the API's limit per page
 class Listing:
     """`AsyncClient.list` and the shard merge behind it."""
 
-    _urls: builtins.list[str]
+    _targets: builtins.list[str]  # shard names (client.aio)
 
     @property
     def sharded(self) -> bool:
         raise NotImplementedError
 
-    async def _call(self, url: str, method: str, url_path: str, **kw: Any) -> Any:
+    async def _ready(self) -> None:
+        raise NotImplementedError
+
+    async def _call(self, shard: str, method: str, url_path: str, **kw: Any) -> Any:
         raise NotImplementedError
 
     def list(self, topic: str | None = None, *, from_ms: int | datetime | None = None,
@@ -52,11 +55,26 @@ class Listing:
         query = {"from": None if from_ms is None else to_epoch_ms(from_ms, "from_ms"),
                  "to": None if to_ms is None else to_epoch_ms(to_ms, "to_ms"),
                  "limit": page_size, "body": "true" if body else None}
+        if not self._targets:  # several URLs not asked yet: they may be one shard or several
+            return self._after_discovery(url_path, query, page_size, cursor)
         if not self.sharded:
-            return self._pages(self._urls[0], url_path, query, cursor)
+            return self._pages(self._targets[0], url_path, query, cursor)
         if cursor is not None:
             raise ValueError("a cursor resumes the listing of one broker, not a merge of several shards")
         return self._merged(url_path, query, page_size)
+
+    async def _after_discovery(self, url_path: str, query: dict[str, Any], page_size: int, cursor: str | None
+                               ) -> AsyncGenerator[PendingPage, None]:
+        await self._ready()
+        if self.sharded and cursor is not None:
+            raise ValueError("a cursor resumes the listing of one broker, not a merge of several shards")
+        pages = self._pages(self._targets[0], url_path, query, cursor) if not self.sharded \
+            else self._merged(url_path, query, page_size)
+        try:
+            async for page in pages:
+                yield page
+        finally:
+            await pages.aclose()
 
     async def _pages(self, url: str, url_path: str, query: dict[str, Any], cursor: str | None
                      ) -> AsyncGenerator[PendingPage, None]:
@@ -72,9 +90,9 @@ class Listing:
     async def _merged(self, url_path: str, query: dict[str, Any], page_size: int) -> AsyncGenerator[PendingPage, None]:
         """A k-way merge of every shard's listing: a message is handed out only while every shard
         that may still hold an earlier one has a page buffered."""
-        shards = {u: self._pages(u, url_path, query, None) for u in self._urls}
-        buffers: dict[str, collections.deque[PendingMessage]] = {u: collections.deque() for u in self._urls}
-        live = set(self._urls)
+        shards = {u: self._pages(u, url_path, query, None) for u in self._targets}
+        buffers: dict[str, collections.deque[PendingMessage]] = {u: collections.deque() for u in self._targets}
+        live = set(self._targets)
 
         async def refill(u: str) -> None:
             try:
@@ -88,7 +106,7 @@ class Listing:
                     await asyncio.gather(*(refill(u) for u in sorted(live) if not buffers[u]))
                 out: builtins.list[PendingMessage] = []
                 while len(out) < page_size and any(buffers.values()):
-                    u = min((u for u in self._urls if buffers[u]),
+                    u = min((u for u in self._targets if buffers[u]),
                             key=lambda u: (buffers[u][0].deliver_at, buffers[u][0].id))
                     out.append(buffers[u].popleft())
                     if not buffers[u] and u in live:

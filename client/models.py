@@ -296,9 +296,20 @@ class ScheduleBucket:
 
 @dataclass(frozen=True)
 class NodeInfo:
+    """`GET /v1/info` of one URL. `role` ("primary", "follower", "candidate") and `primary` (the
+    primary's URL, None while unknown) come from a member of a replicated shard; None otherwise."""
+
     url: str
     node_id: str
     version: str = ""
+    role: str | None = None
+    primary: str | None = None
+
+    @classmethod
+    def from_wire(cls, url: str, d: Mapping[str, Any]) -> NodeInfo:
+        role, primary = d.get("role"), d.get("primary")
+        return cls(url, str(d["node_id"]), str(d.get("version", "")), role if isinstance(role, str) else None,
+                   primary if isinstance(primary, str) else None)
 
 
 @dataclass(frozen=True)

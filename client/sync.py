@@ -153,6 +153,16 @@ class Client(SyncListing):
         """The broker base URLs this client talks to, in the order given."""
         return self.aio.urls
 
+    @property
+    def shards(self) -> dict[str, list[str]]:
+        """Each shard's member URLs by shard name, once known (see `AsyncClient.shards`)."""
+        return self.aio.shards
+
+    @property
+    def primaries(self) -> dict[str, str | None]:
+        """The primary each shard's requests go to now (see `AsyncClient.primaries`)."""
+        return self.aio.primaries
+
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return self.runner.run(coro)
 
@@ -236,5 +246,10 @@ class Client(SyncListing):
         return self._run(self.aio.schedule(from_ms, to_ms, step_ms))
 
     def info(self) -> list[NodeInfo]:
-        """`GET /v1/info` of every shard (node id and version), in URL order."""
+        """`GET /v1/info` of every URL given (node id, version; role and primary of a replica), in
+        URL order."""
         return self._run(self.aio.info())
+
+    def cluster(self) -> dict[str, dict[str, Any]]:
+        """`GET /v1/cluster` of every shard, by shard name (see `AsyncClient.cluster`)."""
+        return self._run(self.aio.cluster())

@@ -1,36 +1,66 @@
 #!/usr/bin/env bash
-# A local three-shard delayd cluster as plain processes: the same topology as
-# deploy/docker-compose.yml, without Docker.
+# A local delayd cluster as plain processes: the same topology as deploy/docker-compose.yml, without
+# Docker. Two modes (DELAYD_CLUSTER_MODE):
 #
-#   deploy/cluster.sh start     # start s0 s1 s2 on 127.0.0.1:7071-7073, wait for /readyz on each
-#   deploy/cluster.sh status    # pid, URL and readiness of each shard
-#   deploy/cluster.sh stop      # SIGTERM each, wait for it to exit (SIGKILL after the timeout)
+#   replicas (default)  etcd on 127.0.0.1:2379, and ONE replicated shard s0 of three members s0-a,
+#                       s0-b, s0-c on 127.0.0.1:7071-7073 (docs/replication.md). Why one shard of
+#                       three rather than three: see the header of docker-compose.yml (nine daemons
+#                       plus etcd are more than a 2-core machine bears).
+#   shards              three unreplicated shards s0 s1 s2 on 127.0.0.1:7071-7073 (no etcd).
+#
+#   deploy/cluster.sh start     # start everything, wait for /readyz on each daemon
+#   deploy/cluster.sh status    # pid, URL and readiness of each process
+#   deploy/cluster.sh stop      # SIGTERM the daemons, then etcd; SIGKILL what is left after the timeout
 #   deploy/cluster.sh restart
+#   deploy/cluster.sh plan      # print what start runs: each command with its replication environment
 #
-# start and stop are idempotent: a shard that is already running (per its pid file, checked
+# start and stop are idempotent: a process that is already running (per its pid file, checked
 # against the process's command line so a recycled pid is never mistaken for it) is left alone;
 # stopping a stopped cluster is a no-op. Layout under $DELAYD_CLUSTER_DIR (default ./cluster-data
 # at the repository root):
-#   s0/        the shard's data directory (--data-dir)
-#   s0.log     its stdout+stderr (appended across restarts)
-#   s0.pid     its pid while running
+#   s0-a/      a daemon's data directory (--data-dir; named after its node id in shards mode)
+#   s0-a.log   its stdout+stderr (appended across restarts)
+#   s0-a.pid   its pid while running
+#   etcd/  etcd.log  etcd.pid   the same for etcd (replicas mode)
+#
+# Clients are given every member's URL; the SDK groups URLs by node id and follows the primary:
+#   delayd cluster --url http://127.0.0.1:7071,http://127.0.0.1:7072,http://127.0.0.1:7073
 #
 # Environment (all optional):
+#   DELAYD_CLUSTER_MODE      replicas | shards                  (default replicas)
 #   DELAYD_CLUSTER_DIR       data/log/pid directory             (default <repo>/cluster-data)
-#   DELAYD_CLUSTER_NODES     node ids                          (default "s0 s1 s2")
-#   DELAYD_CLUSTER_PORTS     one port per node, same order      (default "7071 7072 7073")
+#   DELAYD_CLUSTER_NODES     shards mode: node ids              (default "s0 s1 s2")
+#   DELAYD_CLUSTER_SHARD     replicas mode: the shard's node id (default s0)
+#   DELAYD_CLUSTER_MEMBERS   replicas mode: member names        (default "s0-a s0-b s0-c")
+#   DELAYD_CLUSTER_PORTS     one port per node or member        (default "7071 7072 7073")
 #   DELAYD_CLUSTER_HOST      listen address                     (default 127.0.0.1)
 #   DELAYD_CLUSTER_FSYNC     always|interval|never              (default always)
 #   DELAYD_CLUSTER_ARGS      extra `delayd serve` arguments, e.g. "--config /etc/delayd.toml"
 #   DELAYD_CLUSTER_TIMEOUT   seconds to wait for /readyz        (default 60)
 #   DELAYD_CLUSTER_STOP_TIMEOUT  seconds to wait after SIGTERM  (default 30)
+#   DELAYD_CLUSTER_ETCD_PORT, DELAYD_CLUSTER_ETCD_PEER_PORT  replicas mode (default 2379, 2380)
+#   DELAYD_CLUSTER_MIN_INSYNC    replication_min_insync         (default 2)
+#   DELAYD_CLUSTER_LEASE_TTL_MS  replication_lease_ttl_ms       (default 3000)
+#   DELAYD_ETCD              the etcd binary (Debian's etcd-server)  (default: etcd on PATH)
 #   DELAYD_PYTHON            interpreter with delayd installed  (default <repo>/.venv/bin/python)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DIR="${DELAYD_CLUSTER_DIR:-$ROOT/cluster-data}"
-read -r -a NODES <<<"${DELAYD_CLUSTER_NODES:-s0 s1 s2}"
+MODE="${DELAYD_CLUSTER_MODE:-replicas}"
+SHARD="${DELAYD_CLUSTER_SHARD:-s0}"
+# NODES: the daemons by name (data dir, log, pid file); node_id gives each one's node id.
+case "$MODE" in
+    shards) read -r -a NODES <<<"${DELAYD_CLUSTER_NODES:-s0 s1 s2}" ;;
+    replicas) read -r -a NODES <<<"${DELAYD_CLUSTER_MEMBERS:-$SHARD-a $SHARD-b $SHARD-c}" ;;
+    *) printf 'cluster: DELAYD_CLUSTER_MODE must be replicas or shards, not %s\n' "$MODE" >&2; exit 2 ;;
+esac
 read -r -a PORTS <<<"${DELAYD_CLUSTER_PORTS:-7071 7072 7073}"
+ETCD_PORT="${DELAYD_CLUSTER_ETCD_PORT:-2379}"
+ETCD_PEER_PORT="${DELAYD_CLUSTER_ETCD_PEER_PORT:-2380}"
+MIN_INSYNC="${DELAYD_CLUSTER_MIN_INSYNC:-2}"
+LEASE_TTL_MS="${DELAYD_CLUSTER_LEASE_TTL_MS:-3000}"
+ETCD_BIN="${DELAYD_ETCD:-etcd}"
 HOST="${DELAYD_CLUSTER_HOST:-127.0.0.1}"
 FSYNC="${DELAYD_CLUSTER_FSYNC:-always}"
 read -r -a EXTRA <<<"${DELAYD_CLUSTER_ARGS:-}"
@@ -54,6 +84,30 @@ pidfile() { echo "$DIR/$1.pid"; }
 logfile() { echo "$DIR/$1.log"; }
 datadir() { echo "$DIR/$1"; }
 url_host() { if [[ "$HOST" == "0.0.0.0" ]]; then echo 127.0.0.1; else echo "$HOST"; fi; }
+node_id() { if [[ "$MODE" == replicas ]]; then echo "$SHARD"; else echo "$1"; fi; }
+etcd_url() { echo "http://$(url_host):$ETCD_PORT"; }
+
+# replication_env NAME PORT: the member's replication settings, one NAME=VALUE a line, as
+# `delayd serve` reads them from the environment (broker/config.py); nothing in shards mode.
+replication_env() {
+    [[ "$MODE" == replicas ]] || return 0
+    printf '%s\n' "DELAYD_REPLICATION_ENABLED=true" "DELAYD_REPLICATION_MEMBER=$1" \
+        "DELAYD_REPLICATION_ADVERTISE_URL=http://$(url_host):$2" \
+        "DELAYD_REPLICATION_ETCD_ENDPOINTS=$(etcd_url)" \
+        "DELAYD_REPLICATION_LEASE_TTL_MS=$LEASE_TTL_MS" "DELAYD_REPLICATION_MIN_INSYNC=$MIN_INSYNC"
+}
+
+# etcd_command: one argument a line. A single etcd member on loopback with its default raft
+# timings (the shortest lease it grants is then 2 s; members ask for LEASE_TTL_MS).
+etcd_command() {
+    local peer
+    peer="http://$(url_host):$ETCD_PEER_PORT"
+    printf '%s\n' "$ETCD_BIN" --name cluster-etcd --data-dir "$(datadir etcd)" \
+        --listen-client-urls "$(etcd_url)" --advertise-client-urls "$(etcd_url)" \
+        --listen-peer-urls "$peer" --initial-advertise-peer-urls "$peer" \
+        --initial-cluster "cluster-etcd=$peer" --initial-cluster-state new \
+        --logger zap --log-outputs stderr --log-level warn
+}
 
 # The process's state letter ("" if gone). A zombie (Z) counts as gone: when no init reaps
 # orphans (some containers), an exited daemon lingers as a zombie that `kill -0` still finds.
@@ -68,7 +122,11 @@ running_pid() {
     pid="$(tr -dc '0-9' <"$pf")"
     [[ -n "$pid" ]] && alive "$pid" || return 1
     args="$(ps -ww -o args= -p "$pid" 2>/dev/null || true)"
-    [[ "$args" == *"broker serve"* || "$args" == *"delayd serve"* ]] || return 1
+    if [[ "$node" == etcd ]]; then
+        [[ "$args" == *etcd* ]] || return 1
+    else
+        [[ "$args" == *"broker serve"* || "$args" == *"delayd serve"* ]] || return 1
+    fi
     [[ "$args" == *"--data-dir $(datadir "$node")"* ]] || return 1
     echo "$pid"
 }
@@ -127,6 +185,49 @@ while pending:
 EOF
 }
 
+etcd_healthy() {
+    "$PY" - "$(etcd_url)/health" <<'EOF'
+import sys, urllib.request
+try:
+    with urllib.request.urlopen(sys.argv[1], timeout=1) as r:
+        sys.exit(0 if b'"health":"true"' in r.read() else 1)
+except OSError:
+    sys.exit(1)
+EOF
+}
+
+# start_etcd: replicas mode; idempotent like the daemons. Sets ETCD_STARTED to the pid it started.
+ETCD_STARTED=""
+start_etcd() {
+    local pid deadline cmd=()
+    if pid="$(running_pid etcd)"; then
+        say "etcd already running (pid $pid)"
+        return 0
+    fi
+    command -v "$ETCD_BIN" >/dev/null \
+        || die "no etcd binary '$ETCD_BIN' (Debian: apt-get install etcd-server; or set DELAYD_ETCD)"
+    rm -f "$(pidfile etcd)"
+    port_free "$ETCD_PORT" || die "port $HOST:$ETCD_PORT for etcd is in use by another process"
+    port_free "$ETCD_PEER_PORT" || die "port $HOST:$ETCD_PEER_PORT for etcd's peers is in use by another process"
+    mkdir -p "$(datadir etcd)"
+    mapfile -t cmd < <(etcd_command)
+    printf '\n=== etcd start %s ===\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" >>"$(logfile etcd)"
+    setsid "${cmd[@]}" >>"$(logfile etcd)" 2>&1 </dev/null &
+    pid=$!
+    echo "$pid" >"$(pidfile etcd)"
+    ETCD_STARTED="$pid"
+    say "etcd starting: pid $pid, $(etcd_url), data $(datadir etcd)"
+    deadline=$((SECONDS + READY_TIMEOUT))
+    until etcd_healthy; do
+        if ! alive "$pid" || (( SECONDS >= deadline )); then
+            tail -n 20 "$(logfile etcd)" >&2 || true
+            abort_start "etcd did not become healthy at $(etcd_url)" "$pid"
+        fi
+        sleep 0.05
+    done
+    say "etcd ready at $(etcd_url) (pid $pid)"
+}
+
 # stop_pids PID...: SIGTERM, then poll until all exit; SIGKILL what is left after STOP_TIMEOUT.
 stop_pids() {
     local pid left deadline rc=0
@@ -150,13 +251,17 @@ stop_pids() {
 # abort_start MESSAGE [PID...]: stop the shards this call started, drop their pid files, fail.
 abort_start() {
     local msg="$1" node; shift
-    if [[ $# -gt 0 ]]; then stop_pids "$@" || true; msg="$msg (the shards started by this call were stopped)"; fi
-    for node in "${NODES[@]}"; do running_pid "$node" >/dev/null || rm -f "$(pidfile "$node")"; done
+    if [[ $# -gt 0 ]]; then stop_pids "$@" || true; msg="$msg (the processes started by this call were stopped)"; fi
+    for node in "${NODES[@]}" etcd; do running_pid "$node" >/dev/null || rm -f "$(pidfile "$node")"; done
     die "$msg"
 }
 
 cmd_start() {
-    local i node port pid started=() waits=()
+    local i node port pid started=() waits=() env=()
+    if [[ "$MODE" == replicas ]]; then
+        start_etcd
+        if [[ -n "$ETCD_STARTED" ]]; then started+=("$ETCD_STARTED"); fi
+    fi
     for i in "${!NODES[@]}"; do
         node="${NODES[$i]}"; port="${PORTS[$i]}"
         if pid="$(running_pid "$node")"; then
@@ -171,14 +276,15 @@ cmd_start() {
         mkdir -p "$(datadir "$node")"
         printf '\n=== %s start %s ===\n' "$node" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" >>"$(logfile "$node")"
         # setsid: own session, so the shard outlives this script and ignores the terminal's ^C.
-        PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 \
+        mapfile -t env < <(replication_env "$node" "$port")
+        env PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 ${env[@]+"${env[@]}"} \
             setsid "$PY" -m delayd serve --data-dir "$(datadir "$node")" --listen "$HOST:$port" \
-            --fsync "$FSYNC" --node-id "$node" ${EXTRA[@]+"${EXTRA[@]}"} \
+            --fsync "$FSYNC" --node-id "$(node_id "$node")" ${EXTRA[@]+"${EXTRA[@]}"} \
             >>"$(logfile "$node")" 2>&1 </dev/null &
         pid=$!
         echo "$pid" >"$(pidfile "$node")"
         started+=("$pid")
-        say "$node starting: pid $pid, http://$(url_host):$port, data $(datadir "$node")"
+        say "$node starting: pid $pid, http://$(url_host):$port, node id $(node_id "$node"), data $(datadir "$node")"
         waits+=("$node" "$port" "$pid")
     done
     wait_ready "$READY_TIMEOUT" "${waits[@]}" \
@@ -197,7 +303,13 @@ cmd_stop() {
     done
     if [[ ${#pids[@]} -gt 0 ]]; then stop_pids "${pids[@]}" || rc=1; fi
     for node in "${NODES[@]}"; do rm -f "$(pidfile "$node")"; done
-    if [[ $rc -ne 0 ]]; then die "some shards had to be killed (see above)"; fi
+    # etcd last: a primary that shuts down revokes its lease there (docs/replication.md).
+    if pid="$(running_pid etcd)"; then
+        say "stopping etcd (pid $pid)"
+        stop_pids "$pid" || rc=1
+    fi
+    rm -f "$(pidfile etcd)"
+    if [[ $rc -ne 0 ]]; then die "some processes had to be killed (see above)"; fi
     say "stopped"
 }
 
@@ -211,14 +323,40 @@ try:
     print(urllib.request.urlopen(sys.argv[1], timeout=2).status)
 except Exception as e:
     print(getattr(e, "code", "down"))' "http://$(url_host):$port/readyz")"
-            say "$node running  pid $pid  http://$(url_host):$port  readyz=$code"
+            say "$node running  pid $pid  http://$(url_host):$port  node $(node_id "$node")  readyz=$code"
             [[ "$code" == 200 ]] || rc=1
         else
             say "$node stopped"
             rc=1
         fi
     done
+    if [[ "$MODE" == replicas ]]; then
+        if pid="$(running_pid etcd)"; then
+            if etcd_healthy; then code=healthy; else code=unhealthy; rc=1; fi
+            say "etcd running  pid $pid  $(etcd_url)  $code"
+        else
+            say "etcd stopped"
+            rc=1
+        fi
+    fi
     return $rc
+}
+
+# plan: what start runs, one process a line: its name, then its environment (NAME=VALUE) and
+# command, shell-quoted.
+cmd_plan() {
+    local i node port args=()
+    if [[ "$MODE" == replicas ]]; then
+        mapfile -t args < <(etcd_command)
+        printf 'etcd'; printf ' %q' "${args[@]}"; printf '\n'
+    fi
+    for i in "${!NODES[@]}"; do
+        node="${NODES[$i]}"; port="${PORTS[$i]}"
+        mapfile -t args < <(replication_env "$node" "$port")
+        args+=("$PY" -m delayd serve --data-dir "$(datadir "$node")" --listen "$HOST:$port" --fsync "$FSYNC"
+               --node-id "$(node_id "$node")" ${EXTRA[@]+"${EXTRA[@]}"})
+        printf '%s' "$node"; printf ' %q' "${args[@]}"; printf '\n'
+    done
 }
 
 case "${1:-}" in
@@ -226,5 +364,6 @@ case "${1:-}" in
     stop) cmd_stop ;;
     restart) cmd_stop; cmd_start ;;
     status) cmd_status ;;
-    *) echo "usage: $0 start|stop|restart|status  (see the header for the environment)" >&2; exit 2 ;;
+    plan) cmd_plan ;;
+    *) echo "usage: $0 start|stop|restart|status|plan  (see the header for the environment)" >&2; exit 2 ;;
 esac

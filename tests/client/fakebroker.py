@@ -5,6 +5,10 @@ records every request, and lets a test script answers ahead of the model (`scrip
 the normal answer. The model is deliberately simple - no durability, a 10 ms long-poll tick - but
 follows API.md: keys, dedup/replace, leases, nack backoff, max_attempts -> dead letters, fan-out
 across groups. The real daemon is exercised by tests/client/test_daemon.py.
+
+Replication (docs/api.md, "Replication"): `ReplicaSet` makes several fakes the members of one shard
+sharing one model; a follower answers 421 `not_primary` naming the primary's advertised URL, every
+member answers 503 `no_primary` while there is none, and `/v1/info` and `/v1/cluster` describe it.
 """
 
 from __future__ import annotations
@@ -105,6 +109,9 @@ class FakeBroker:
         self._runner: web.AppRunner | None = None
         self._ready = threading.Event()
         self._stopping = False
+        self.replicas: ReplicaSet | None = None  # set when this fake is a member of a replicated shard
+        self.member = ""
+        self.advertise_url = ""  # what a 421 names (default: self.url)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -160,6 +167,10 @@ class FakeBroker:
                     request.headers.get("Accept", ""), dict(request.headers), body, time.monotonic())
         self.requests.append(seen)
         reply_type = ctype if raw else ("application/msgpack" if "msgpack" in seen.accept else "application/json")
+        if self.replicas is not None and seen.path not in UNREDIRECTED:
+            refused = self.replicas.refusal(self)
+            if refused is not None:
+                return self._encode(refused.status, refused.payload, reply_type, refused.headers)
         while self.script:
             item = self.script.pop(0)
             reply = item(seen) if callable(item) else item
@@ -200,7 +211,13 @@ class FakeBroker:
         p = parts[1:]
         with self.lock:
             if m == "GET" and p == ["info"]:
+                if self.replicas is not None:
+                    return 200, {"node_id": self.node_id, "version": "fake", **self.replicas.info(self)}
                 return 200, {"node_id": self.node_id, "version": "fake"}
+            if m == "GET" and p == ["cluster"]:
+                if self.replicas is not None:
+                    return 200, self.replicas.describe(self)
+                return 200, {"replication": False, "shard": self.node_id, "role": "primary"}
             if m == "GET" and p == ["stats"]:
                 return 200, self._stats()
             if m == "GET" and p == ["schedule"]:
@@ -441,3 +458,75 @@ class FakeBroker:
             if m.state == "scheduled" and start <= m.deliver_at < end:
                 buckets[(m.deliver_at - start) // step][1] += 1
         return {"buckets": buckets}
+
+
+# ---------------------------------------------------------------------------------------------- replicas
+
+# What a follower answers itself (docs/api.md, "Replication"); everything else goes to the primary.
+UNREDIRECTED = {"/v1/info", "/v1/cluster", "/v1/stats", "/v1/schedule", "/healthz", "/readyz", "/metrics"}
+
+
+class ReplicaSet:
+    """Members of one shard (one node id) over one shared model. `primary` is the index of the
+    member that serves, or None while the shard has none. A member's `advertise_url` is what 421
+    answers name (its own URL unless a test sets another, as behind a published port)."""
+
+    def __init__(self, node_id: str, size: int = 3, primary: int | None = 0, retry_after_s: int = 1) -> None:
+        self.members = [FakeBroker(node_id).start() for _ in range(size)]
+        first = self.members[0]
+        for i, b in enumerate(self.members):
+            b.replicas = self
+            b.member = f"{node_id}-{'abc'[i]}"
+            b.advertise_url = b.url
+            if b is not first:  # one model: whoever is primary serves the same messages
+                b.messages, b.keys, b.groups, b.lock = first.messages, first.keys, first.groups, first.lock
+        self.primary = primary
+        self.epoch = 1
+        self.retry_after_s = retry_after_s
+
+    @property
+    def urls(self) -> list[str]:
+        return [b.url for b in self.members]
+
+    def promote(self, index: int | None) -> None:
+        """Make member `index` the primary (None: no primary), carrying the id counters over."""
+        if index is not None:
+            top = max(self.members, key=lambda b: b.counter)
+            self.members[index].counter = top.counter
+            self.members[index].receipts = max(b.receipts for b in self.members)
+        self.primary = index
+        self.epoch += 1
+
+    def primary_url(self) -> str | None:
+        return None if self.primary is None else self.members[self.primary].advertise_url
+
+    def refusal(self, b: FakeBroker) -> Reply | None:
+        if self.primary is None:
+            return Reply(503, {"error": {"code": "no_primary", "message": "no primary is known"}},
+                         {"Retry-After": str(self.retry_after_s)})
+        if self.members[self.primary] is not b:
+            return Reply(421, {"error": {"code": "not_primary", "message": f"{b.member} is a follower",
+                                         "primary": self.primary_url()}})
+        return None
+
+    def role(self, b: FakeBroker) -> str:
+        if self.primary is None:
+            return "candidate"
+        return "primary" if self.members[self.primary] is b else "follower"
+
+    def info(self, b: FakeBroker) -> dict[str, Any]:
+        return {"role": self.role(b), "primary": self.primary_url()}
+
+    def describe(self, b: FakeBroker) -> dict[str, Any]:
+        p = None if self.primary is None else self.members[self.primary]
+        return {"shard": b.node_id, "epoch": self.epoch,
+                "primary": None if p is None else {"member": p.member, "url": p.advertise_url, "epoch": self.epoch},
+                "isr": {"epoch": self.epoch, "members": [m.member for m in self.members], "revision": 7},
+                "members": [{"member": m.member, "url": m.advertise_url, "role": self.role(m), "in_sync": True,
+                             "registered": True, "lag_bytes": 0, "lag_ms": 0} for m in self.members],
+                "self": {"member": b.member, "role": self.role(b), "epoch": self.epoch,
+                         "may_acknowledge": p is b, "fence_left_ms": 2000 if p is b else None}}
+
+    def stop(self) -> None:
+        for b in self.members:
+            b.stop()

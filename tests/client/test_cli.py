@@ -12,7 +12,7 @@ from delayd.client.cli import main
 from delayd.client.models import ScheduleBucket
 from delayd.client.render import bar, format_duration, histogram, parse_duration_ms, parse_time_ms
 
-from tests.client.fakebroker import FakeBroker
+from tests.client.fakebroker import FakeBroker, ReplicaSet
 from tests.support.daemon import free_port
 
 
@@ -184,3 +184,41 @@ def test_histogram_rendering() -> None:
     ascii_rows = histogram(buckets, step, width=40, unicode=False).splitlines()
     assert abs(ascii_rows[2].count("#") - 2 * ascii_rows[1].count("#")) <= 1
     assert bar(0, 10, 20) == "" and bar(10, 10, 4) == "████" and bar(1, 1000, 20) == "▏"
+
+
+def test_repeated_url_members_of_one_shard_and_cluster(capsys: pytest.CaptureFixture[str]) -> None:
+    rs = ReplicaSet("s0", 3, primary=1)
+    try:
+        a, b, c = rs.urls
+        # --url repeated (and comma-separated): members reporting one node id are one shard.
+        code, out, err = run(capsys, "send", "t", "x", "--url", a, "--url", f"{b},{c}", "--json")
+        assert code == 0, err
+        assert json.loads(out)["id"].startswith("s0-") and len(rs.members[1].messages) == 1
+        assert not any(p.startswith("POST") for p in rs.members[0].paths() + rs.members[2].paths()), \
+            "/v1/info named b primary: the produce went there"
+
+        code, out, err = run(capsys, "cluster", "--url", a, "--url", b, "--url", c)
+        assert code == 0, err
+        lines = out.splitlines()
+        assert lines[0].startswith("shard s0  epoch 1  primary s0-b " + b)
+        assert lines[1].startswith("in sync: s0-a, s0-b, s0-c")
+        assert lines[2].split() == ["member", "url", "role", "in", "sync", "registered", "lag"]
+        assert lines[4].split()[:3] == ["s0-b", b, "primary"] and lines[3].split()[2] == "follower"
+        assert lines[3].endswith("0ms / 0 B")
+
+        code, out, _ = run(capsys, "cluster", "--url", a, "--json")
+        view = json.loads(out)
+        assert list(view) == [a] and view[a]["primary"]["member"] == "s0-b"
+
+        rs.promote(None)
+        code, out, _ = run(capsys, "cluster", "--url", c)
+        assert code == 0 and "primary none" in out.splitlines()[0]
+    finally:
+        rs.stop()
+
+
+def test_cluster_of_daemons_without_replication(fakes: list[FakeBroker], capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "cluster", "--url", ",".join(f.url for f in fakes))
+    assert code == 0, err
+    assert [line for line in out.splitlines() if line] == [
+        f"shard {f.node_id}: replication off (a single daemon; it is its own primary)" for f in fakes]

@@ -165,8 +165,11 @@ def test_sync_sharded_client(fakes: list[FakeBroker], no_thread_leak: None) -> N
         assert c.cancel_key("s", "abc").id == r.id
 
 
-def test_two_urls_one_node_is_refused(fake: FakeBroker) -> None:
+def test_the_same_url_twice_is_refused_and_two_urls_of_one_node_are_one_shard(fake: FakeBroker) -> None:
     with pytest.raises(ValueError):
         Client([fake.url, fake.url])
-    with Client([fake.url, fake.url.replace("127.0.0.1", "localhost")]) as c, pytest.raises(ValueError):
-        c.send("t", "x")
+    # Two URLs that report the same node id are two members of one (replicated) shard, not two shards.
+    other = fake.url.replace("127.0.0.1", "localhost")
+    with Client([fake.url, other]) as c:
+        assert c.send("t", "x").id.startswith("d-")
+        assert c.shards == {"d": [fake.url, other]} and not c.aio.sharded

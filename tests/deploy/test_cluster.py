@@ -1,9 +1,13 @@
-"""deploy/cluster.sh: three shards as local processes, on free ports, started and stopped idempotently."""
+"""deploy/cluster.sh: three shards as local processes (DELAYD_CLUSTER_MODE=shards), on free ports,
+started and stopped idempotently; and its default mode, etcd plus one replicated shard of three
+members, whose settings pass the daemon's own checks."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -14,12 +18,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from delayd.broker import config as config_mod
 
 from tests.deploy.tools import DEPLOY, ROOT
 from tests.support.daemon import free_port, wait_until
 
 SCRIPT = DEPLOY / "cluster.sh"
 NODES = ["s0", "s1", "s2"]
+MEMBERS = ["s0-a", "s0-b", "s0-c"]
 
 
 def _ports() -> list[int]:
@@ -40,13 +46,18 @@ def _alive(pid: int) -> bool:
 
 
 class Cluster:
-    def __init__(self, data: Path) -> None:
+    def __init__(self, data: Path, mode: str = "shards") -> None:
         self.dir = data
+        self.mode = mode
         self.ports = _ports()
+        self.names = NODES if mode == "shards" else MEMBERS
         self.env = {
             **os.environ,
+            "DELAYD_CLUSTER_MODE": mode,
             "DELAYD_CLUSTER_DIR": str(data),
             "DELAYD_CLUSTER_NODES": " ".join(NODES),
+            "DELAYD_CLUSTER_ETCD_PORT": str(free_port()),
+            "DELAYD_CLUSTER_ETCD_PEER_PORT": str(free_port()),
             "DELAYD_CLUSTER_PORTS": " ".join(map(str, self.ports)),
             "DELAYD_PYTHON": sys.executable,
             "DELAYD_CLUSTER_TIMEOUT": "30",
@@ -60,7 +71,7 @@ class Cluster:
 
     def pids(self) -> dict[str, int]:
         out = {}
-        for n in NODES:
+        for n in [*self.names, "etcd"]:
             pf = self.dir / f"{n}.pid"
             if pf.exists():
                 out[n] = int(pf.read_text().strip())
@@ -74,17 +85,30 @@ class Cluster:
             return e.code, e.read()
 
 
+def _cleanup(c: Cluster) -> None:
+    pids = c.pids()
+    c.run("stop")
+    for pid in pids.values():  # last resort, by id, if the script failed to stop them
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
     c = Cluster(tmp_path / "cluster-data")
     try:
         yield c
     finally:
-        pids = c.pids()
-        c.run("stop")
-        for pid in pids.values():  # last resort, by id, if the script failed to stop them
-            if _alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        _cleanup(c)
+
+
+@pytest.fixture
+def replicas(tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(tmp_path / "cluster-data", mode="replicas")
+    try:
+        yield c
+    finally:
+        _cleanup(c)
 
 
 def test_start_status_stop(cluster: Cluster) -> None:
@@ -186,3 +210,58 @@ def test_sharded_clients_over_the_cluster(cluster: Cluster) -> None:
         assert set(got) == {r.id for r in sent} and set(got.values()) == {1}
         assert not other.pull("orders", "g", max=100, wait_ms=500), "cancelled messages never arrive"
     assert cluster.run("stop").returncode == 0
+
+
+def _plan(c: Cluster) -> dict[str, list[str]]:
+    r = c.run("plan")
+    assert r.returncode == 0, r.stdout + r.stderr
+    return {line.split()[0]: shlex.split(line)[1:] for line in r.stdout.splitlines()}
+
+
+def test_plan_of_the_replicated_shard_passes_the_daemons_checks(replicas: Cluster) -> None:
+    """What `start` runs in the default mode: etcd on its ports, and three members of shard s0
+    whose replication settings (environment) and flags load and validate exactly as `delayd serve`
+    loads them, each advertising its own loopback URL and pointing at that etcd."""
+    plan = _plan(replicas)
+    assert list(plan) == ["etcd", *MEMBERS]
+    etcd = plan["etcd"]
+    client_url = f"http://127.0.0.1:{replicas.env['DELAYD_CLUSTER_ETCD_PORT']}"
+    assert etcd[etcd.index("--listen-client-urls") + 1] == client_url
+    assert etcd[etcd.index("--data-dir") + 1] == str(replicas.dir / "etcd")
+    for member, port in zip(MEMBERS, replicas.ports, strict=True):
+        words = plan[member]
+        env = dict(w.split("=", 1) for w in words if re.fullmatch(r"DELAYD_[A-Z_]+=.*", w))
+        cmd = words[len(env):]
+        assert cmd[1:4] == ["-m", "delayd", "serve"]
+        flags = {"node_id": cmd[cmd.index("--node-id") + 1], "listen": cmd[cmd.index("--listen") + 1]}
+        cfg = config_mod.load(env=env, flags=flags)
+        assert cfg.replication_enabled and cfg.node_id == "s0" and cfg.replication_member == member
+        assert cfg.replication_advertise_url == f"http://127.0.0.1:{port}" and cfg.listen == f"127.0.0.1:{port}"
+        assert cfg.replication_etcd_endpoints == (client_url,) and cfg.replication_min_insync == 2
+    # The plain shards have neither etcd nor replication settings.
+    shards = _plan(Cluster(replicas.dir))
+    assert list(shards) == NODES and not any("DELAYD_REPLICATION" in " ".join(w) for w in shards.values())
+
+
+def test_replicated_shard_starts_or_fails_cleanly(replicas: Cluster) -> None:
+    """`start` in the default mode runs etcd, then the three members. A daemon built without the
+    replicated data path refuses replication_enabled (docs/replication.md); then start must fail
+    naming that, and leave nothing running. With it, the members serve one shard with a primary."""
+    r = replicas.run("start")
+    if r.returncode != 0:
+        assert "replication_enabled" in r.stderr and "start failed" in r.stderr, r.stdout + r.stderr
+        assert "etcd ready" in r.stdout, "etcd itself started"
+        assert replicas.pids() == {}, "etcd and the members started by the failed call were stopped"
+        return
+    from delayd.client import Client
+
+    pids = replicas.pids()
+    assert set(pids) == {*MEMBERS, "etcd"}
+    with Client([f"http://127.0.0.1:{p}" for p in replicas.ports]) as c:
+        assert c.send("t", "x", key="k").id.startswith("s0-")
+        assert c.shards == {"s0": [f"http://127.0.0.1:{p}" for p in replicas.ports]}
+        view = c.cluster()["s0"]
+        assert view["primary"] is not None and len(view["members"]) == 3
+    r = replicas.run("stop")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert not any(_alive(pid) for pid in pids.values()) and replicas.pids() == {}

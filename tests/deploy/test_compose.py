@@ -1,5 +1,7 @@
 """deploy/docker-compose.yml, resolved by a real Compose implementation (`docker-compose config`,
-which needs no Docker engine), and its consistency with the Prometheus and Grafana files."""
+which needs no Docker engine), and its consistency with the Prometheus and Grafana files: etcd and
+the three members of one replicated shard (s0-a, s0-b, s0-c), whose replication settings pass the
+daemon's own configuration checks."""
 
 from __future__ import annotations
 
@@ -9,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from delayd.broker import config as config_mod
 
-from tests.deploy.tools import DEPLOY, ROOT, SHARDS, dockerfile_healthcheck_code, run_ok, tool
+from tests.deploy.tools import DEPLOY, MEMBERS, ROOT, dockerfile_healthcheck_code, run_ok, tool
 
 COMPOSE_FILE = DEPLOY / "docker-compose.yml"
 
@@ -60,14 +63,14 @@ def _flag(cmd: list[str], name: str) -> str:
 
 
 def test_services_present(compose: dict[str, Any]) -> None:
-    assert set(compose["services"]) == {*SHARDS, "prometheus", "grafana"}
+    assert set(compose["services"]) == {*MEMBERS, "etcd", "prometheus", "grafana"}
     # The project name comes from deploy/.env (Compose v1 prints no name; v2 does).
     assert compose.get("name", "delayd") == "delayd"
 
 
-@pytest.mark.parametrize("name", sorted(SHARDS))
-def test_shard_service(compose: dict[str, Any], name: str) -> None:
-    node_id, host_port = SHARDS[name]
+@pytest.mark.parametrize("name", sorted(MEMBERS))
+def test_member_service(compose: dict[str, Any], name: str) -> None:
+    node_id, host_port, member = MEMBERS[name]
     svc = compose["services"][name]
     cmd = _command(svc)
     assert cmd[:2] == ["delayd", "serve"]
@@ -82,7 +85,7 @@ def test_shard_service(compose: dict[str, Any], name: str) -> None:
     assert Path(build["context"]).resolve() == ROOT
     assert build["dockerfile"] in ("deploy/Dockerfile", str(DEPLOY / "Dockerfile"))
     # Its own named volume at /data, and its host port on loopback only.
-    assert _mounts(svc) == [("volume", f"{node_id}-data", "/data")]
+    assert _mounts(svc) == [("volume", f"{member}-data", "/data")]
     assert _ports(svc) == [("127.0.0.1", host_port, 7070)]
     # Health: the image's /healthz probe, exactly.
     hc = svc["healthcheck"]
@@ -93,17 +96,49 @@ def test_shard_service(compose: dict[str, Any], name: str) -> None:
     assert svc.get("restart") == "unless-stopped"
 
 
-def test_shards_do_not_share_volumes_or_ports(compose: dict[str, Any]) -> None:
-    sources = [m[1] for name in SHARDS for m in _mounts(compose["services"][name])]
-    published = [p[1] for name in SHARDS for p in _ports(compose["services"][name])]
+@pytest.mark.parametrize("name", sorted(MEMBERS))
+def test_member_replication_settings_pass_the_daemons_checks(compose: dict[str, Any], name: str) -> None:
+    """The member's environment and flags, loaded by broker.config exactly as `delayd serve` loads
+    them, make a valid replicated member of shard s0 that reaches etcd and advertises its own
+    compose name (what a follower's 421 names)."""
+    node_id, _, member = MEMBERS[name]
+    svc = compose["services"][name]
+    env = {k: str(v) for k, v in (svc.get("environment") or {}).items()}
+    cmd = _command(svc)
+    cfg = config_mod.load(env=env, flags={"node_id": _flag(cmd, "--node-id"), "listen": _flag(cmd, "--listen"),
+                                          "insecure": True})
+    assert cfg.replication_enabled and cfg.node_id == node_id
+    assert cfg.replication_member == member
+    assert cfg.replication_advertise_url == f"http://{name}:7070" and svc["hostname"] == name
+    assert cfg.replication_etcd_endpoints == ("http://etcd:2379",)
+    assert cfg.replication_min_insync == 2
+    assert svc["depends_on"]["etcd"]["condition"] == "service_healthy"
+
+
+def test_etcd_service(compose: dict[str, Any]) -> None:
+    etcd = compose["services"]["etcd"]
+    image, _, tag = etcd["image"].rpartition(":")
+    assert image == "quay.io/coreos/etcd" and re.fullmatch(r"v3\.\d+\.\d+", tag), "a pinned etcd 3.x release"
+    cmd = _command(etcd)
+    assert _flag(cmd, "--advertise-client-urls") == "http://etcd:2379"
+    assert _flag(cmd, "--listen-client-urls") == "http://0.0.0.0:2379"
+    assert _mounts(etcd) == [("volume", "etcd-data", "/etcd-data")] and _flag(cmd, "--data-dir") == "/etcd-data"
+    assert "endpoint" in etcd["healthcheck"]["test"] and "health" in etcd["healthcheck"]["test"]
+
+
+def test_members_do_not_share_volumes_or_ports(compose: dict[str, Any]) -> None:
+    sources = [m[1] for name in MEMBERS for m in _mounts(compose["services"][name])]
+    published = [p[1] for name in MEMBERS for p in _ports(compose["services"][name])]
     assert len(set(sources)) == len(sources) == 3
     assert sorted(published) == [7071, 7072, 7073]
+    names = {compose["services"][n]["environment"]["DELAYD_REPLICATION_MEMBER"] for n in MEMBERS}
+    assert len(names) == 3, "member names are unique in the shard"
 
 
 def test_named_volumes_declared(compose: dict[str, Any]) -> None:
     declared = set(compose.get("volumes") or {})
     used = {m[1] for svc in compose["services"].values() for m in _mounts(svc) if m[0] == "volume"}
-    assert used == {"s0-data", "s1-data", "s2-data", "prometheus-data", "grafana-data"}
+    assert used == {"etcd-data", "s0-a-data", "s0-b-data", "s0-c-data", "prometheus-data", "grafana-data"}
     assert used <= declared, f"undeclared volumes: {used - declared}"
 
 
@@ -131,13 +166,15 @@ def test_prometheus_and_grafana_mounts_exist(compose: dict[str, Any]) -> None:
     assert "--config.file=/etc/prometheus/prometheus.yml" in _command(compose["services"]["prometheus"])
 
 
-def test_prometheus_scrapes_every_shard(compose: dict[str, Any]) -> None:
-    """Each shard service is a scrape target on its container port, labelled with its node id."""
+def test_prometheus_scrapes_every_member(compose: dict[str, Any]) -> None:
+    """Each member service is a scrape target on its container port, labelled with its node id
+    (the shard) and its member name."""
     text = (DEPLOY / "prometheus" / "prometheus.yml").read_text()
-    pairs = re.findall(r'-\s*targets:\s*\["([^"]+)"\]\s*\n\s*labels:\s*\n\s*node:\s*(\S+)', text)
-    expected = {(f"{name}:7070", node_id) for name, (node_id, _) in SHARDS.items()}
-    assert set(pairs) == expected
-    for name in SHARDS:
+    found = re.findall(r'-\s*targets:\s*\["([^"]+)"\]\s*\n\s*labels:\s*\n\s*node:\s*(\S+)\s*\n\s*member:\s*(\S+)',
+                       text)
+    expected = {(f"{name}:7070", node_id, member) for name, (node_id, _, member) in MEMBERS.items()}
+    assert set(found) == expected
+    for name in MEMBERS:
         assert _flag(_command(compose["services"][name]), "--listen").endswith(":7070")
 
 

@@ -45,7 +45,9 @@ EXPECTED: dict[str, tuple[str, set[str]]] = {
 
 
 def _compose_flags(service: str) -> list[str]:
-    """The shard's compose command, minus the program name and the container-only data dir/listen."""
+    """The member's compose command, minus the program name and the container-only data dir/listen
+    (its replication settings are in its environment, checked by test_compose.py: a daemon started
+    with them needs etcd)."""
     model = json.loads(run_ok([tool("compose-config-json"), str(DEPLOY / "docker-compose.yml")]).stdout)
     return _strip(model["services"][service]["command"])
 
@@ -76,8 +78,8 @@ def _fsync_and_extra(flags: list[str]) -> tuple[str, list[str]]:
 
 @pytest.fixture(scope="module")
 def shard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    """A daemon started with exactly the flags of compose's delayd-s0 (but on loopback, in a temp dir)."""
-    fsync, extra = _fsync_and_extra(_compose_flags("delayd-s0"))
+    """A daemon started with exactly the flags of compose's delayd-s0-a (but on loopback, in a temp dir)."""
+    fsync, extra = _fsync_and_extra(_compose_flags("delayd-s0-a"))
     d = DaemonProcess(tmp_path_factory.mktemp("compose-s0") / "data", fsync=fsync, extra_args=extra)
     d.start()
     try:

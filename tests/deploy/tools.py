@@ -18,7 +18,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 TOOLS_DIR = Path(os.environ.get("DELAYD_TOOLS_DIR", ROOT / ".tools" / "bin"))
-SHARDS = {"delayd-s0": ("s0", 7071), "delayd-s1": ("s1", 7072), "delayd-s2": ("s2", 7073)}
+# docker-compose.yml: the members of replicated shard s0, service -> (node id, host port, member name).
+MEMBERS = {"delayd-s0-a": ("s0", 7071, "s0-a"), "delayd-s0-b": ("s0", 7072, "s0-b"),
+           "delayd-s0-c": ("s0", 7073, "s0-c")}
 
 
 def tool(name: str) -> str:
