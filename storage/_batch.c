@@ -32,6 +32,7 @@
 #define REC_CANCEL 2
 #define REC_ROLL 3
 #define REC_GROUP 4
+#define REC_RELEASE 5  /* the last record type (storage/commitlog.py RecordType) */
 #define FLAG_CONTINUED 1
 
 #define UNIT_SIZE 52
@@ -966,7 +967,7 @@ static int check_record(const uint8_t *buf, size_t n, size_t i, int verify, uint
     if (n - i < len) return SCAN_TORN;
     if (verify && crc32_update(0, r + 8, len - 8) != rd32(r + 4)) return SCAN_CORRUPT;
     if (r[8] != RECORD_VERSION) return SCAN_VERSION;
-    if (r[9] < REC_MESSAGE || r[9] > REC_GROUP) return SCAN_CORRUPT;
+    if (r[9] < REC_MESSAGE || r[9] > REC_RELEASE) return SCAN_CORRUPT;
     *length = len;
     return SCAN_OK;
 }
@@ -1040,7 +1041,7 @@ static PyObject *scan_starts(PyObject *self, PyObject *args) {
         const uint8_t *r = buf + pos;
         uint32_t len = rd32(r);
         uint64_t fields = (uint64_t)RECORD_HEADER + r[38] + r[39] + rd16(r + 40) + rd16(r + 42) + rd32(r + 44);
-        if (r[8] != RECORD_VERSION || len != fields || len > MAX_RECORD || r[9] < REC_MESSAGE || r[9] > REC_GROUP ||
+        if (r[8] != RECORD_VERSION || len != fields || len > MAX_RECORD || r[9] < REC_MESSAGE || r[9] > REC_RELEASE ||
             (Py_ssize_t)len > n - pos) {
             stop = 3;
             break;

@@ -56,6 +56,14 @@ class Checkpoint:
 def save(path: Path, cp: Checkpoint) -> None:
     body = msgpack.packb(asdict(cp), use_bin_type=True)
     data = HEADER.pack(CHECKPOINT_MAGIC, CHECKPOINT_VERSION, 0, len(body), zlib.crc32(body)) + body
+    # The previous checkpoint stays as a fallback: it is an older but still valid hint.
+    write_atomic(path, data, keep_previous=True)
+
+
+def write_atomic(path: Path, data: bytes, *, keep_previous: bool = False) -> None:
+    """Replace `path` with `data` so that a crash leaves the old file or the new one, whole:
+    temp file, fsync, rename (the old one to `previous(path)` first, with `keep_previous`),
+    fsync of the directory. (storage.epochs writes its file so too.)"""
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
@@ -63,8 +71,7 @@ def save(path: Path, cp: Checkpoint) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-    # The previous checkpoint stays as a fallback: it is an older but still valid hint.
-    if path.exists():
+    if keep_previous and path.exists():
         os.replace(path, previous(path))
     os.replace(tmp, path)
     fsync_dir(path.parent)

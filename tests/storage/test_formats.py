@@ -181,7 +181,7 @@ BUMPS: dict[str, tuple[Callable[[Path], None], str]] = {
     "TimerLog segment": (lambda d: bump_segment(d / "timerlog", TIMERLOG_FORMAT), "format version 3"),
     "ready-queue segment": (lambda d: bump_segment(d / "ready" / "orders", READY_FORMAT), "format version 3"),
     "message-table segment": (lambda d: bump_segment(d / "msgtable", MSGTABLE_FORMAT), "format version 3"),
-    "meta": (bump_meta, "meta: format version 3"),
+    "meta": (bump_meta, f"meta: format version {META_VERSION + 1}"),
     "key index": (bump_keys, "keys.sqlite: format version 2"),
 }
 
