@@ -325,6 +325,8 @@ class Replication:
                                           "start": store.commit.start}))
             await ws.close()
             return ws
+        log.info("replication: %s streams from offset %d (epoch %d, its last epoch %d)", member, start, self.epoch,
+                 last_epoch)
         f = self.followers.setdefault(member, Follower(member))
         f.acked = max(f.acked, start) if f.streams else start
         f.streams += 1
