@@ -178,8 +178,10 @@ class Broker:
             self.pusher = None
         await self.pipeline.stop()
         self.pipeline = self._new_pipeline(store, follower)
-        if not follower and self.groups is not None:
-            self.groups.resume()
+        if not follower:
+            store.apply_releases()  # before this member releases anything itself
+            if self.groups is not None:
+                self.groups.resume()
         self.pipeline.start()
         if not follower:
             self._start_pusher(store)

@@ -290,6 +290,17 @@ class Store:
             self.keys.put_many(keyed)
         return groups
 
+    def apply_releases(self) -> int:
+        """Apply every RELEASE record the enqueue side has not reached yet (a follower about to
+        release messages itself: its ready queues must first hold what the log says, or its own
+        releases would take indexes a RELEASE record of the old primary names). Returns how many."""
+        n = 0
+        for rec in self.commit.scan(self.indexed):
+            if rec.type == RecordType.RELEASE:
+                self.dispatch.apply_release(rec)
+                n += 1
+        return n
+
     def flush_commit(self) -> None:
         self.commit.flush()
 
