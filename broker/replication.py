@@ -52,6 +52,8 @@ FRAME_BYTES = 1 << 20  # log bytes per frame (about: a batch is never split)
 PING_S = 0.2  # an idle stream says the primary's end this often
 TICK_S = 0.05  # the in-sync set is checked this often
 GONE_HOLDING_S = 0.2  # a follower with no stream that holds a write up this long leaves the set
+PROMOTION_GRACE_S = 0.5  # ... but not before the followers had this long to find a new primary
+IDLE_S = 1.0  # a follower that hears nothing (not even a ping) this long reconnects
 RETRY_S = 0.2  # a follower reconnects after this
 RETRY_AFTER_S = 1
 
@@ -84,6 +86,7 @@ class Replication:
         self._changed = asyncio.Event()  # acks, ISR changes, role changes: waiters look again
         self._grew = asyncio.Event()  # the log grew: streams send
         self._isr_busy = False
+        self._promoted_s = 0.0
         self._ends: deque[tuple[float, int]] = deque()  # (when, log end): how old a follower's lag is
         self._changes: asyncio.Queue[RoleChange] = asyncio.Queue()
         self._primary_known = asyncio.Event()
@@ -91,6 +94,7 @@ class Replication:
         self._streams: set[web.WebSocketResponse] = set()
         self._session: aiohttp.ClientSession | None = None
         self._follow_task: asyncio.Task[None] | None = None
+        self._restarting = False  # the follow task is cutting and reopening the store: leave it be
 
     # ------------------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -126,11 +130,15 @@ class Replication:
         if change.role is not Role.PRIMARY and self.serving:
             self.serving = False
             self._changed.set()
-        if change.primary is not None and change.primary.member != self.member:
-            self.primary_url = change.primary.url
-            self._primary_known.set()
-        elif change.primary is None:
-            self.primary_url = None
+        url = change.primary.url if change.primary is not None and change.primary.member != self.member else None
+        if url != self.primary_url:
+            self.primary_url = url
+            if url is not None:
+                self._primary_known.set()
+            # Following another (or no) primary: drop the stream now, not when the old one speaks.
+            if self._follow_task is not None and not self._follow_task.done() and not self._restarting:
+                self._follow_task.cancel()
+                self._follow_task = asyncio.create_task(self._follow(), name="replication follow")
         self._changes.put_nowait(change)
 
     async def _roles(self) -> None:
@@ -161,6 +169,7 @@ class Replication:
         self.epoch = epoch
         self.followers = {m: Follower(m) for m in self.isr.members if m != self.member}
         self._ends.clear()
+        self._promoted_s = time.monotonic()
         self.elections += 1
         await self.broker.switch_role(follower=False)
         self.serving = self.coord.may_acknowledge() and self.coord.epoch == epoch
@@ -187,6 +196,8 @@ class Replication:
         """Before a request that needs the primary: 421 with the primary's URL on a follower (503
         while none is known); for a write, 503 insufficient_replicas before anything is stored
         when the in-sync set is below replication_min_insync."""
+        if self.serving and not self.coord.may_acknowledge():
+            self.serving = False  # the fence passed (a pause, etcd out of reach): not one more write
         if not self.serving:
             if self.primary_url is not None:
                 raise errors.NotPrimaryError(f"member {self.member} is a follower of shard {self.cfg.node_id}",
@@ -266,7 +277,8 @@ class Replication:
             for m in members - {self.member}:
                 f = self.followers.setdefault(m, Follower(m))
                 lag = self.lag_s(f.acked, now)
-                if lag > self.max_lag_s or (f.streams == 0 and lag > GONE_HOLDING_S):
+                gone = f.streams == 0 and lag > GONE_HOLDING_S and now - self._promoted_s > PROMOTION_GRACE_S
+                if lag > self.max_lag_s or gone:
                     drop.add(m)
             hw = min([self._acked(m) for m in members - {self.member}] + [self.durable_end()])
             add = {m for m, f in self.followers.items() if m not in members and f.streams and f.acked >= hw}
@@ -400,7 +412,15 @@ class Replication:
         loop = asyncio.get_running_loop()
         async with self._session.ws_connect(url.rstrip("/") + STREAM_PATH, params=params, max_msg_size=0,
                                             heartbeat=None) as ws:
-            async for msg in ws:
+            while True:
+                try:
+                    msg = await ws.receive(timeout=IDLE_S)
+                except TimeoutError:
+                    log.info("replication: nothing from %s for %.1fs: reconnecting", url, IDLE_S)
+                    return
+                if msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.CLOSING,
+                                aiohttp.WSMsgType.ERROR):
+                    return
                 if self.serving or broker.store is not store or url != self.primary_url:
                     return
                 if msg.type == aiohttp.WSMsgType.TEXT:
@@ -415,7 +435,11 @@ class Replication:
                         if to < store.commit.end:
                             log.warning("replication: cutting the log back from %d to %d, where the primary's "
                                         "history and this member's part", store.commit.end, to)
-                            await broker.restart_storage(cut_offset=to)
+                            self._restarting = True
+                            try:
+                                await asyncio.shield(broker.restart_storage(cut_offset=to))
+                            finally:
+                                self._restarting = False
                         else:
                             log.error("replication: the primary holds [%s, ...) only; this member needs a copy "
                                       "of its data directory", d.get("start"))
