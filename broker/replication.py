@@ -432,7 +432,7 @@ class Replication:
                     if d["type"] == "truncate":
                         await ws.close()
                         to = int(d["to"])
-                        if to < store.commit.end:
+                        if to < store.commit.end and broker.store is store:
                             log.warning("replication: cutting the log back from %d to %d, where the primary's "
                                         "history and this member's part", store.commit.end, to)
                             self._restarting = True
