@@ -81,7 +81,7 @@ asan: install-dev
 	    rm -f storage/_batch*.so; $(PY) -m pip install -q -e .; exit $$status
 
 torture: install-dev
-	DELAYD_TORTURE_CYCLES=500 $(PY) -m pytest -q -m torture tests/robustness
+	DELAYD_TORTURE_CYCLES=500 $(PY) -m pytest -q -m torture tests/robustness tests/replication
 
 clean:
 	-deploy/cluster.sh stop

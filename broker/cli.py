@@ -48,6 +48,10 @@ async def serve(cfg: Config, clock: Clock | None = None) -> int:
 
     t0 = time.monotonic()
     broker = Broker(cfg, clock)
+    if cfg.replication_enabled:
+        from delayd.broker.coord import Coordinator
+        from delayd.broker.replication import Replication
+        broker.repl = Replication(broker, Coordinator(cfg.replication()))
     metrics = Metrics(broker)
     app = make_app(broker, cfg, metrics)
     recovery: asyncio.Task[None] | None = None
@@ -84,13 +88,17 @@ async def serve(cfg: Config, clock: Clock | None = None) -> int:
         async def start_when_recovered() -> None:
             assert recovery is not None
             await recovery
-            broker.start_pipeline()
+            broker.start_pipeline()  # with replication: the enqueue side only, until elected
+            if broker.repl is not None:
+                await broker.repl.start()
 
         starting = asyncio.create_task(start_when_recovered(), name="pipeline start")
         yield
         if not starting.done():
             starting.cancel()
         await asyncio.gather(starting, return_exceptions=True)
+        if broker.repl is not None:
+            await broker.repl.stop()  # steps down first: another member is elected at once
         await broker.stop_pipeline()  # drains, bounded by a timeout
 
     app.cleanup_ctx.extend([storage_ctx, metrics_ctx, pipeline_ctx])
@@ -172,14 +180,6 @@ def _run_serve(args: argparse.Namespace) -> int:
         cfg, token_file, token_created = admin_token.ensure(cfg)
     except ConfigError as e:
         print(f"delayd: {e}", file=sys.stderr)
-        return 2
-    if cfg.replication_enabled:
-        # The settings are valid (load() checked them), but only the coordination layer exists:
-        # serving alone while the operator believes every write has copies would be worse than
-        # not starting.
-        print("delayd: replication_enabled: this build has the replication settings and the etcd "
-              "coordination layer, not the replicated data path yet; it would serve unreplicated. "
-              "Start without replication (see docs/replication.md)", file=sys.stderr)
         return 2
     host, _ = cfg.host_port
     if not _is_loopback(host) and not cfg.tokens and not cfg.insecure:

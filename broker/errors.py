@@ -58,6 +58,28 @@ Backpressure = _error("Backpressure", 429, "backpressure", "The broker is satura
 NotReady = _error("NotReady", 503, "not_ready", "Recovery is still running.")
 Unavailable = _error("Unavailable", 503, "unavailable",
                      "The broker is short of a resource (file descriptors); retry after a pause.")
+NoPrimary = _error("NoPrimary", 503, "no_primary",
+                   "Replication: this member is a follower and no primary of its shard is known; retry after a pause.")
+InsufficientReplicas = _error("InsufficientReplicas", 503, "insufficient_replicas",
+                              "Replication: fewer in-sync copies than replication_min_insync; nothing was stored.")
+UnderReplicated = _error("UnderReplicated", 503, "under_replicated",
+                         "Replication: the in-sync set shrank below replication_min_insync while the write waited "
+                         "for it; the write is stored on the primary but was not acknowledged.")
+
+
+class NotPrimaryError(ApiError):
+    """Replication: this member is a follower; `primary` is the URL of the shard's primary."""
+    status = 421
+    code = "not_primary"
+
+    def __init__(self, message: str, primary: str | None) -> None:
+        super().__init__(message)
+        self.primary = primary
+
+    def body(self) -> dict[str, object]:
+        return {"error": {"code": self.code, "message": self.message, "primary": self.primary}}
+
+
 DiskFullError = _error("DiskFullError", 507, "disk_full", "The disk is full; nothing was stored.")
 Internal = _error("Internal", 500, "internal", "An unexpected failure inside the broker.")
 

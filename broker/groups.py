@@ -204,10 +204,17 @@ class Groups:
             self.groups[key] = g
         for topic, name, ev in events:
             self.apply(topic, name, ev)
+        self.resume()
+
+    def resume(self) -> None:
+        """Start delivering from the logged state (after recovery, or on a replica promoted to
+        primary, which applied the primary's events as they came)."""
         for g in self.groups.values():
             g.cursor = g.floor  # everything unacked is redelivered after a restart
             g.ahead = sorted(g.done)  # (all at or above the floor) acked out of order: never again
             g.retry = [(0, i) for i in sorted(g.revived)]
+            g.leases.clear()  # (a replica's groups hold none: pulls go to the primary)
+            g.deadlines.clear()
 
     def apply(self, topic: str, name: str, ev: dict[str, Any]) -> None:
         """Replay one logged event (recovery)."""

@@ -422,7 +422,50 @@ async def schedule(request: web.Request) -> web.Response:
 
 async def info(request: web.Request) -> web.Response:
     from delayd import __version__
-    return reply(request, {"node_id": request.app[BROKER].node_id, "version": __version__})
+    broker = request.app[BROKER]
+    repl = broker.repl
+    return reply(request, {"node_id": broker.node_id, "version": __version__,
+                           "role": repl.role() if repl is not None else "primary",
+                           "primary": repl.primary() if repl is not None else None})
+
+
+async def cluster(request: web.Request) -> web.Response:
+    """GET /v1/cluster: the shard's members, roles, epochs, in-sync set and each member's log end
+    and lag as the primary sees them (docs/replication.md)."""
+    broker = request.app[BROKER]
+    if broker.repl is None:
+        return reply(request, {"replication": False, "shard": broker.node_id, "role": "primary"})
+    try:
+        return reply(request, await broker.repl.describe())
+    except errors.CoordinationError as e:
+        raise errors.Unavailable(f"etcd: {e}", retry_after_s=errors.RETRY_AFTER_S) from e
+
+
+# Replication: what a follower answers itself; everything else under /v1/ is the primary's.
+FOLLOWER_ANSWERS = frozenset({"/v1/info", "/v1/cluster", "/v1/stats", "/v1/schedule"})
+
+
+@web.middleware
+async def replication_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """On a follower, 421 not_primary (with the primary's URL) or 503 no_primary for the API's
+    requests; on the primary, 503 insufficient_replicas for a write while the in-sync set is
+    below replication_min_insync — before anything is stored."""
+    repl = request.app[BROKER].repl
+    path = request.path
+    if repl is not None and path.startswith("/v1/") and path not in FOLLOWER_ANSWERS:
+        write = request.method in ("POST", "PUT", "DELETE") and not path.endswith("/pull")
+        repl.check_writable(write)
+    return await handler(request)
+
+
+async def replication_stream(request: web.Request) -> web.StreamResponse:
+    """GET /internal/replication/stream: a follower's stream (broker.replication; not part of the
+    public API)."""
+    repl = request.app[BROKER].repl
+    if repl is None:
+        raise errors.NotFound("replication is off")
+    stream: web.StreamResponse = await repl.stream(request)
+    return stream
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -450,6 +493,7 @@ async def metrics(request: web.Request) -> web.Response:
 
 def make_app(broker: Broker, config: Config, metrics_obj: MetricsSink) -> web.Application:
     mws = [metrics_middleware, error_middleware] + ([_auth_middleware(config.tokens)] if config.tokens else [])
+    mws.append(replication_middleware)
     app = web.Application(middlewares=mws, client_max_size=config.max_request_bytes)
     app[BROKER] = broker
     app[CONFIG] = config
@@ -471,6 +515,8 @@ def make_app(broker: Broker, config: Config, metrics_obj: MetricsSink) -> web.Ap
         web.get("/v1/stats", stats, allow_head=False),
         web.get("/v1/schedule", schedule, allow_head=False),
         web.get("/v1/info", info, allow_head=False),
+        web.get("/v1/cluster", cluster, allow_head=False),
+        web.get("/internal/replication/stream", replication_stream, allow_head=False),
         web.get("/metrics", metrics, allow_head=False),
         web.get("/healthz", healthz),
         web.get("/readyz", readyz),

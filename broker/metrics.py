@@ -112,6 +112,8 @@ class _Live(Collector):
                                  labels=["version", "python", "node_id"])
         info.add_metric([__version__, platform.python_version(), b.cfg.node_id], 1)
         yield info
+        if b.repl is not None:
+            yield from _replication(b.repl.metrics())
         store, groups, pipeline = b.store, b.groups, b.pipeline
         if store is None or groups is None or pipeline is None or not b.ready:
             return
@@ -149,6 +151,34 @@ class _Live(Collector):
         yield GaugeMetricFamily("delayd_scheduled_messages", "Pending (scheduled) messages", value=store.scheduled)
         yield GaugeMetricFamily("delayd_disk_bytes", "Bytes on disk in the data directory", value=store.disk_bytes())
         yield GaugeMetricFamily("delayd_recovery_seconds", "Duration of the last recovery", value=b.recovery_seconds)
+
+
+def _replication(m: dict[str, Any]) -> Iterator[Any]:
+    role = GaugeMetricFamily("delayd_replication_role", "1 for this member's role (docs/replication.md)",
+                             labels=["role"])
+    for r in ("primary", "follower"):
+        role.add_metric([r], 1 if m["role"] == r else 0)
+    yield role
+    yield GaugeMetricFamily("delayd_replication_epoch", "The shard's epoch as this member knows it", value=m["epoch"])
+    yield GaugeMetricFamily("delayd_replication_isr_size", "Members in the in-sync set (primary only)",
+                            value=m["isr_size"])
+    yield _counter_value("delayd_replication_elections", "Elections this member won", m["elections"])
+    lag_b = GaugeMetricFamily("delayd_replication_follower_lag_bytes", "How far each follower's fsynced log "
+                              "is behind the primary's (primary only)", labels=["member"])
+    lag_s = GaugeMetricFamily("delayd_replication_follower_lag_seconds", "How long ago the primary's log first "
+                              "went past each follower's (primary only)", labels=["member"])
+    for member, (b, s) in m["lag"].items():
+        lag_b.add_metric([member], b)
+        lag_s.add_metric([member], s)
+    yield lag_b
+    yield lag_s
+    yield GaugeMetricFamily("delayd_replication_behind_primary_bytes", "A follower: how far its log is behind "
+                            "the primary's last known end", value=m["follower_lag_bytes"])
+
+
+def _counter_value(name: str, doc: str, value: int) -> Any:
+    from prometheus_client.core import CounterMetricFamily
+    return CounterMetricFamily(name, doc, value=value)
 
 
 def _counter(name: str, doc: str, labels: list[str]) -> Any:

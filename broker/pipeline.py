@@ -237,22 +237,31 @@ class EnqueueGet(Stage):
     one compiled scan of the log (cancels, group events, roll copies, recovery)."""
     name = "enqueue_get"
 
-    def __init__(self, store: Store, outbox: Link[RowBatch], appended: asyncio.Event, batch: int = 2048) -> None:
+    def __init__(self, store: Store, outbox: Link[RowBatch], appended: asyncio.Event, batch: int = 2048,
+                 limit: Callable[[], int] | None = None) -> None:
         super().__init__()
         self.store, self.outbox, self.appended, self.batch = store, outbox, appended, batch
         self.pos = store.indexed
+        # Replication: the primary indexes (and so releases) only up to the high watermark, what
+        # every in-sync member has fsynced. None: up to the log end.
+        self.limit = limit
 
     async def run(self) -> None:
         store, commit = self.store, self.store.commit
         try:
             while not self.stopping.is_set():
                 self.state = StageState.RUNNING
-                rows, pos = store.handed_rows(self.pos)
-                if not rows:
-                    rows, pos = batch.read_rows(commit, self.pos, self.batch, store.next_handed())
+                if self.limit is None:
+                    end = commit.end
+                    rows, pos = store.handed_rows(self.pos)
+                    if not rows:
+                        rows, pos = batch.read_rows(commit, self.pos, self.batch, store.next_handed())
+                else:
+                    end = min(commit.end, self.limit())
+                    rows, pos = batch.read_rows(commit, self.pos, self.batch, end) if end > self.pos else (b"", 0)
                 if not rows:
                     self.appended.clear()
-                    if commit.end > self.pos:
+                    if end > self.pos:
                         await asyncio.sleep(0)
                         continue
                     self.state = StageState.WAITING
@@ -271,7 +280,7 @@ class EnqueuePut(Stage):
     already passed straight to dequeue-put."""
     name = "enqueue_put"
 
-    def __init__(self, store: Store, inbox: Link[RowBatch], late: Link[DueBatch], clock: Clock,
+    def __init__(self, store: Store, inbox: Link[RowBatch], late: Link[DueBatch] | None, clock: Clock,
                  inflight: InFlight) -> None:
         super().__init__()
         self.indexer, self.precision_ms = store.indexer, store.cfg.precision_ms
@@ -289,7 +298,8 @@ class EnqueuePut(Stage):
                     return
                 self.batches += 1
         finally:
-            self.outbox.close()
+            if self.outbox is not None:
+                self.outbox.close()
 
     async def _index(self, rows: bytes) -> bool:
         while rows:
@@ -303,7 +313,7 @@ class EnqueuePut(Stage):
                 if not await self.pause(e):
                     return False
                 continue
-            if result.late:
+            if result.late and self.outbox is not None:  # (a follower releases nothing: no outbox)
                 # Each is also a unit in slot `slot_time`, not loaded yet, and dequeue-put marks it
                 # done there when released: count it in flight there until then, or that release
                 # would let the checkpoint's read time pass a slot whose own units are still held
@@ -510,6 +520,7 @@ class GroupCommit:
         self._waiters: list[asyncio.Future[None]] = []
         self._wake = asyncio.Event()
         self.fsyncs = 0
+        self.durable_end = store.commit.end  # the commit log is fsynced up to here (policy `always`)
         self.last_error: BaseException | None = None
 
     async def durable(self) -> None:
@@ -531,6 +542,7 @@ class GroupCommit:
                 if self.policy == "never":
                     continue
             waiters, self._waiters = self._waiters, []
+            end = self.store.commit.end  # what this fsync covers
             try:
                 try:
                     fds = self.store.commit_handles()  # dup()s, for the fsync in a worker thread
@@ -560,6 +572,7 @@ class GroupCommit:
                         err.__cause__ = e
                         w.set_exception(err)
                 continue
+            self.durable_end = max(self.durable_end, end)
             for w in waiters:
                 if not w.done():
                     w.set_result(None)
@@ -571,7 +584,8 @@ class Pipeline:
     """The five stages, their links, and the tasks that run them."""
 
     def __init__(self, store: Store, clock: Clock, *, lookahead_ms: int, queue_batches: int,
-                 release_capacity: int, on_release: Callable[[Released, int], None]) -> None:
+                 release_capacity: int, on_release: Callable[[Released, int], None], follower: bool = False,
+                 limit: Callable[[], int] | None = None) -> None:
         self.store = store
         self.clock = clock
         self.appended = asyncio.Event()
@@ -580,15 +594,22 @@ class Pipeline:
         self.units: Link[SlotBatch] = Link("dequeue_get_message", queue_batches)
         # Two producers: enqueue-put (late ones) and dequeue-get-message.
         self.dues: Link[DueBatch] = Link("dequeue_put", queue_batches * 4, producers=2)
-        self.enqueue_get = EnqueueGet(store, self.records, self.appended)
+        self.enqueue_get = EnqueueGet(store, self.records, self.appended, limit=limit)
         self.dequeue_put = DequeuePut(store, self.dues, clock, self.inflight, release_capacity, on_release)
-        self.stages: list[Stage] = [
-            self.enqueue_get,
-            EnqueuePut(store, self.records, self.dues, clock, self.inflight),
-            DequeueGet(store, self.units, clock, self.inflight, lookahead_ms),
-            DequeueGetMessage(store, self.units, self.dues, self.inflight, self.appended),
-            self.dequeue_put,
-        ]
+        self.follower = follower
+        if follower:
+            # A replication follower runs the enqueue side only: it indexes the primary's records
+            # (and derives its ready queues from their RELEASE records) and releases nothing, so
+            # a promoted follower's wheel holds everything and delivered messages drop out of it.
+            self.stages: list[Stage] = [self.enqueue_get, EnqueuePut(store, self.records, None, clock, self.inflight)]
+        else:
+            self.stages = [
+                self.enqueue_get,
+                EnqueuePut(store, self.records, self.dues, clock, self.inflight),
+                DequeueGet(store, self.units, clock, self.inflight, lookahead_ms),
+                DequeueGetMessage(store, self.units, self.dues, self.inflight, self.appended),
+                self.dequeue_put,
+            ]
         self.tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:

@@ -97,6 +97,8 @@ class Broker:
         self.listeners: list[Any] = []
         self.fsync_listeners: list[Callable[[float], None]] = []  # each commit-log fsync's seconds
         self.pusher: Pusher | None = None
+        # broker.replication.Replication when replication is on (set by the daemon before start)
+        self.repl: Any = None
         self._tasks: list[asyncio.Task[None]] = []
         self._writing: asyncio.Future[None] | None = None  # a checkpoint being written in a thread
         self._t0 = time.monotonic()
@@ -140,20 +142,64 @@ class Broker:
         broker is READY."""
         store = self.store
         assert store is not None and self.groups is not None and self.committer is not None
-        self.pipeline = Pipeline(store, self.clock, lookahead_ms=self.cfg.lookahead_ms,
-                                 queue_batches=self.cfg.stage_queue_batches,
-                                 release_capacity=self.cfg.release_capacity, on_release=self._on_release)
+        follower = self.repl is not None and not self.repl.serving
+        self.pipeline = self._new_pipeline(store, follower)
         # A checkpoint right after recovery makes the next restart start from here.
         store.checkpoint(self.pipeline.inflight.read_time(), self.groups.snapshot())
         self.pipeline.start()
         self._tasks = [asyncio.create_task(self.committer.run(), name="group_commit"),
                        asyncio.create_task(self._checkpoint_loop(), name="checkpoint")]
-        # Push workers start once recovery is done: they lease like any consumer.
+        # Push workers start once recovery is done: they lease like any consumer (a replication
+        # follower pushes nothing: its primary does).
+        if not follower:
+            self._start_pusher(store)
+        self.recovery_seconds = time.monotonic() - self._t0
+        self.state = BrokerState.READY
+
+    def _new_pipeline(self, store: Store, follower: bool) -> Pipeline:
+        return Pipeline(store, self.clock, lookahead_ms=self.cfg.lookahead_ms,
+                        queue_batches=self.cfg.stage_queue_batches, release_capacity=self.cfg.release_capacity,
+                        on_release=self._on_release, follower=follower,
+                        limit=self.repl.watermark if self.repl is not None and not follower else None)
+
+    def _start_pusher(self, store: Store) -> None:
+        assert self.groups is not None and self.committer is not None
         self.pusher = Pusher(self.groups, store, self.clock, self.message_id, self.committer.durable,
                              self.cfg.push_max_in_flight, self._on_push)
         self.pusher.start()
-        self.recovery_seconds = time.monotonic() - self._t0
-        self.state = BrokerState.READY
+
+    async def switch_role(self, follower: bool) -> None:
+        """Replication: run the whole pipeline (primary) or its enqueue side only (follower)."""
+        store = self.store
+        if store is None or self.pipeline is None or self.state is not BrokerState.READY:
+            return
+        if self.pusher is not None:
+            await self.pusher.stop()
+            self.pusher = None
+        await self.pipeline.stop()
+        self.pipeline = self._new_pipeline(store, follower)
+        if not follower:
+            store.apply_releases()  # before this member releases anything itself
+            if self.groups is not None:
+                self.groups.resume()
+        self.pipeline.start()
+        if not follower:
+            self._start_pusher(store)
+
+    async def restart_storage(self, cut_offset: int | None = None) -> None:
+        """Replication: close the store, cut its log back to `cut_offset` with every derived file
+        (storage.cut), and recover it again — a member whose log went past the primary's."""
+        from delayd.storage.cut import cut
+        await self.stop_pipeline()
+        self.close_storage()
+        self.data = None
+        self.store = self.pipeline = self.groups = self.committer = None
+        if cut_offset is not None:
+            await asyncio.get_running_loop().run_in_executor(None, cut, Path(self.cfg.data_dir), cut_offset,
+                                                             self.cfg.store_config())
+        self.state = BrokerState.INITIAL
+        await self.recover()
+        self.start_pipeline()
 
     async def start(self) -> None:
         """open + recover + start_pipeline."""
@@ -390,8 +436,12 @@ class Broker:
         return out
 
     async def _durable(self) -> None:
-        assert self.committer is not None
+        assert self.committer is not None and self.store is not None
+        end = self.store.commit.end  # (this request's records are below it)
         await self.committer.durable()  # NotDurable when the fsync failed: 507 (broker.errors)
+        if self.repl is not None:
+            # ... and on every in-sync member; then the fence (docs/replication.md).
+            await self.repl.replicated(end)
 
     # ---------------------------------------------------------------------------------- cancel
     async def cancel(self, message_id: str) -> dict[str, str]:

@@ -76,7 +76,7 @@ I64_MAX = (1 << 63) - 1
 KIND_DROP, KIND_DUE, KIND_ROLL = 0, 1, 2
 _FIELDS = frozenset({"body", "body_b64", "delay_ms", "deliver_at", "key", "tag", "headers", "replace"})
 _CONTINUED = int(RecordFlag.CONTINUED)
-_MESSAGE, _GROUP = int(RecordType.MESSAGE), int(RecordType.GROUP)
+_MESSAGE, _GROUP, _LAST = int(RecordType.MESSAGE), int(RecordType.GROUP), max(map(int, RecordType))
 _SCHEDULED, _DELIVERED, _CANCELLED = int(MessageState.SCHEDULED), int(MessageState.DELIVERED), \
     int(MessageState.CANCELLED)
 
@@ -333,7 +333,7 @@ def check_record(buf: bytes | memoryview, i: int, verify: bool) -> tuple[int, in
         return SCAN_CORRUPT, 0
     if version != RECORD_VERSION:
         return SCAN_VERSION, 0
-    if not _MESSAGE <= rtype <= _GROUP:
+    if not _MESSAGE <= rtype <= _LAST:
         return SCAN_CORRUPT, 0
     return SCAN_OK, length
 

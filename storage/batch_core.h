@@ -27,6 +27,7 @@
 #define REC_CANCEL 2
 #define REC_ROLL 3
 #define REC_GROUP 4
+#define REC_RELEASE 5  /* the last record type (storage/commitlog.py RecordType) */
 #define FLAG_CONTINUED 1
 
 #define UNIT_SIZE 52

@@ -77,7 +77,7 @@ PyObject *scan_starts(PyObject *self, PyObject *args) {
         const uint8_t *r = buf + pos;
         uint32_t len = rd32(r);
         uint64_t fields = (uint64_t)RECORD_HEADER + r[38] + r[39] + rd16(r + 40) + rd16(r + 42) + rd32(r + 44);
-        if (r[8] != RECORD_VERSION || len != fields || len > MAX_RECORD || r[9] < REC_MESSAGE || r[9] > REC_GROUP ||
+        if (r[8] != RECORD_VERSION || len != fields || len > MAX_RECORD || r[9] < REC_MESSAGE || r[9] > REC_RELEASE ||
             (Py_ssize_t)len > n - pos) {
             stop = 3;
             break;

@@ -241,7 +241,7 @@ int check_record(const uint8_t *buf, size_t n, size_t i, int verify, uint32_t *l
     if (n - i < len) return SCAN_TORN;
     if (verify && crc32_update(0, r + 8, len - 8) != rd32(r + 4)) return SCAN_CORRUPT;
     if (r[8] != RECORD_VERSION) return SCAN_VERSION;
-    if (r[9] < REC_MESSAGE || r[9] > REC_GROUP) return SCAN_CORRUPT;
+    if (r[9] < REC_MESSAGE || r[9] > REC_RELEASE) return SCAN_CORRUPT;
     *length = len;
     return SCAN_OK;
 }

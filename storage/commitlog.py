@@ -23,6 +23,26 @@ and never spans two segments):
       44     4   body_len     u32
       48     …   topic, tag, key, headers, body (in that order)
 
+Record types (`RecordType`): 1 MESSAGE, 2 CANCEL (`seq` names the message; body empty), 3 ROLL (a
+roll copy: the message again, roll_count + 1), 4 GROUP (a consumer-group event: key = group, body =
+msgpack), 5 RELEASE (dequeue-put released messages into topic `topic`'s ready queue; seq 0,
+deliver_at 0, produced_at = the release time; body below). Type 5 came with data-directory format 3
+(storage.datadir): an older build refuses such a directory instead of reading a RELEASE record as
+damage. The record layout did not change, so RECORD_VERSION stays 1.
+
+RELEASE body: the ready-queue units appended, in order, after the index of the first:
+
+    offset size  field        type  meaning
+    ------ ----  -----------  ----  ------------------------------------------------------
+       0     8   first_index  u64   the ready-queue index of the first unit
+       8   40·n  units              storage.readyqueue UNITs: commit_offset(8) commit_size(4)
+                                      tag_hash(4) deliver_at(8) released_at(8) seq(8)
+
+The ready queues are derived from these records: a replica (or recovery) appends the units of a
+RELEASE record whose units its queue lacks (`first_index` says where they go, so applying one
+twice changes nothing), which keeps a queue's indexes — what consumer-group records refer to —
+the same on every member of a replicated shard.
+
 Version history: 1 — original. Every later version keeps the frame `length(4) crc(4)
 version(1)` and the CRC's span, so this build can tell a newer record from a damaged one: an
 intact frame (its CRC matches) with a version above RECORD_VERSION raises UnsupportedVersion,
@@ -103,6 +123,21 @@ class RecordType(enum.IntEnum):
     CANCEL = 2  # cancels message `seq`; body empty
     ROLL = 3  # a roll copy: the message again, roll_count + 1, same seq
     GROUP = 4  # consumer-group event: key = group, body = msgpack {op, idx}
+    RELEASE = 5  # messages released into topic's ready queue: body = first_index(8) + ready units
+
+
+RELEASE_HEAD = ByteTable("<Q")  # a RELEASE body's first_index; the units follow
+
+
+def release_body(first_index: int, units: bytes) -> bytes:
+    return RELEASE_HEAD.pack(first_index) + units
+
+
+def release_parts(body: bytes) -> tuple[int, bytes]:
+    """(first_index, packed ready units) of a RELEASE record's body."""
+    if len(body) < RELEASE_HEAD.size:
+        raise Insane(f"RELEASE body of {len(body)} bytes")
+    return RELEASE_HEAD.unpack_from(body)[0], body[RELEASE_HEAD.size:]
 
 
 @dataclass(slots=True)
@@ -459,6 +494,42 @@ class CommitLog:
         offsets = array("q", itertools.accumulate(lens, initial=pos))
         offsets.pop()
         return offsets
+
+    def append_raw(self, offset: int, data: bytes) -> int:
+        """A replica's append: records another member wrote, at the offset they have there
+        (commit-log offsets are the same on every member). `data` must start exactly at the log
+        end (a gap or an overlap raises ValueError) and hold whole, CRC-checked atomic batches
+        (else CorruptData: nothing is written; a primary sends whole batches, except of a batch
+        larger than a segment). Not durable until flush/fsync. Returns the new end."""
+        if offset != self.files.end:
+            raise ValueError(f"append_raw at {offset}, but the log ends at {self.files.end}")
+        if not data:
+            return offset
+        scan = scan_buffer(bytes(data))
+        if scan.stop is not ScanStop.END:
+            raise CorruptData(f"replicated bytes at {offset}: not whole intact records "
+                              f"({scan.stop.value} at +{scan.end})")
+        starts = scan.starts
+        parts = [data[s:e] for s, e in zip(starts, list(starts[1:]) + [len(data)], strict=True)]
+        got = self.append(parts)
+        if got and got[0] != offset:  # (cannot happen: segments are contiguous)
+            raise Insane(f"append_raw wrote at {got[0]}, not {offset}")
+        return self.files.end
+
+    def read_raw(self, offset: int, max_bytes: int) -> bytes:
+        """The log's bytes from `offset` (a record boundary): whole atomic batches within one
+        segment, about `max_bytes` (more when one batch is larger) — what a primary streams to a
+        follower. Only a batch larger than a segment (it spans segments) goes out record by record."""
+        if offset >= self.files.end:
+            return b""
+        seg_end = self.files.segment_end(self.files.segment_of(offset))
+        want = min(max(max_bytes, HEADER_SIZE), seg_end - offset)
+        while True:
+            buf = self.files.read(offset, want)
+            scan = scan_buffer(buf, verify=False)
+            if scan.batch_end or want >= seg_end - offset:
+                return buf[:scan.batch_end or scan.end]
+            want = min(seg_end - offset, 2 * want)
 
     def _write(self, batch: list[bytes], offsets: list[int]) -> None:
         pos = self.files.append(b"".join(batch))

@@ -24,7 +24,11 @@ before anything is written.
 
 Version history (of the whole directory): 1 — no `meta` file; TimerLog, ready-queue and
 message-table segments without a header. 2 — `meta`, and a header on every new segment of
-those three (version-1 segments are still read). A build that changes any file format bumps
+those three (version-1 segments are still read). 3 — RELEASE records in the commit log
+(storage.commitlog), from which the ready queues are derived, and the `epochs` file of a
+replicated shard (storage.epochs); a version-2 directory is upgraded on open by rewriting `meta`
+(its log simply has no RELEASE records yet: the queues it has are kept as they are), while a
+version-2 build refuses a version-3 directory instead of reading RELEASE records as damage. A build that changes any file format bumps
 META_VERSION first, so an older build refuses the directory before reading anything else.
 
 Opening (`DataDir.open`) takes the LOCK, then checks the version of every file an older build
@@ -42,6 +46,7 @@ recorded one is refused (NodeIdMismatch).
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import secrets
 import time
@@ -51,6 +56,7 @@ from pathlib import Path
 
 import msgpack
 from delayd.storage import checkpoint as ckpt
+from delayd.storage import epochs
 from delayd.storage.bytetable import ByteTable
 from delayd.storage.errors import (
     BadMagic,
@@ -69,8 +75,11 @@ from delayd.storage.segments import SegmentFormat, list_segments, read_header, r
 from delayd.storage.timerlog import TIMERLOG_FORMAT
 from delayd.storage.timerwheel import read_header as read_wheel_header
 
+log = logging.getLogger("delayd.storage")
+
 META_MAGIC = 0x444D4C44  # "DLMD" little-endian
-META_VERSION = 2
+META_VERSION = 3
+META_UPGRADABLE = (2,)  # older meta versions this build reads and upgrades on open
 META_HEADER = ByteTable("<IHHII")
 LEGACY_NODE_ID = "d"  # the node id every daemon had before ids were recorded
 
@@ -97,6 +106,7 @@ class Layout:
         self.keys = self.path / "keys.sqlite"
         self.far = self.path / "far.sqlite"
         self.checkpoint = self.path / "checkpoint"
+        self.epochs = self.path / "epochs"
 
 
 # ------------------------------------------------------------------------------ meta
@@ -114,7 +124,7 @@ def read_meta(path: Path) -> Meta | None:
         raise BadMagic(f"{path}: magic {magic:#x}")
     if version > META_VERSION:
         raise UnsupportedVersion(str(path), version, META_VERSION)
-    if version != META_VERSION:
+    if version != META_VERSION and version not in META_UPGRADABLE:
         raise BadMagic(f"{path}: version {version}")
     body = data[META_HEADER.size:META_HEADER.size + body_len]
     if len(body) != body_len or zlib.crc32(body) != crc:
@@ -156,6 +166,10 @@ def check_formats(path: Path) -> Meta | None:
             ckpt.load(cp)
         except (FileNotFoundError, CorruptData):
             pass
+    try:
+        epochs.load(layout.epochs)
+    except CorruptData:
+        pass
     try:
         read_wheel_header(layout.timerwheel)
     except (FileNotFoundError, CorruptData):
@@ -223,6 +237,10 @@ class DataDir:
                         f"{layout.path} belongs to node {meta.node_id!r} (recorded in {layout.meta.name}), but node "
                         f"id {node_id!r} is configured: the ids it issued would stop resolving. Configure "
                         f"{meta.node_id!r}, or leave the node id unset")
+                if meta.version < META_VERSION:
+                    log.info("%s: data-directory format %d upgraded to %d", layout.path, meta.version, META_VERSION)
+                    meta = Meta(meta.node_id, meta.created_ms)
+                    write_meta(layout.meta, meta)
             else:
                 if node_id:
                     chosen = node_id

@@ -23,7 +23,15 @@ from dataclasses import dataclass, field
 
 from delayd.storage import batch
 from delayd.storage.batch import DROW, KIND_DROP, KIND_ROLL, UROW, due_row
-from delayd.storage.commitlog import CommitLog, Record, RecordType, decode, encode
+from delayd.storage.commitlog import (
+    CommitLog,
+    Record,
+    RecordType,
+    decode,
+    encode,
+    release_body,
+    release_parts,
+)
 from delayd.storage.counters import Counters, Total
 from delayd.storage.errors import CorruptData, Insane, OutOfDescriptors, StorageError, UnsupportedVersion
 from delayd.storage.keyindex import KeyIndex
@@ -287,6 +295,11 @@ class Dispatch:
         try:
             for th, (units, seqs, keyed) in ops.release_rows(dues, msgs.spans, now_ms).items():
                 topic = self._topic(th, units)
+                # The RELEASE record first: the ready queue is derived from it (a replica, and
+                # recovery, append what a RELEASE record says and the queue lacks). DiskFull here:
+                # nothing of this topic changed.
+                self.commit.append([encode(Record(RecordType.RELEASE, 0, topic,
+                                                  release_body(self.ready.end(topic), units), produced_at=now_ms))])
                 first = self.ready.append_units(topic, units)
                 ops.set_states(seqs, msgs.spans, int(_DELIVERED))
                 n = len(seqs) // 8
@@ -302,6 +315,39 @@ class Dispatch:
         finally:
             msgs.end_batch()
         return out
+
+    def apply_release(self, rec: Record, *, count: bool = True) -> tuple[int, bytes]:
+        """Make the ready queue of `rec.topic` hold what the RELEASE record `rec` says: append
+        the units it lacks (none on the member that released them) and mark their messages
+        delivered. Idempotent. Returns (first index, units) of what was appended (b"": nothing).
+        `count`: count the deliveries (recovery counts them as it replays the queues)."""
+        first, units = release_parts(rec.body)
+        end = self.ready.end(rec.topic)
+        n = len(units) // READY.size
+        if end >= first + n:
+            return end, b""
+        if end < first:
+            raise Insane(f"RELEASE record at {rec.offset} puts units at index {first} of {rec.topic!r}, "
+                         f"whose ready queue ends at {end}")
+        units = units[(end - first) * READY.size:]
+        first = self.ready.append_units(rec.topic, units)
+        seqs = array("Q", [u[5] for u in READY.iter_unpack(units)])
+        msgs = self.msgs
+        for seq in seqs:
+            st, off, size, roll = msgs.get(seq)
+            if st != _DELIVERED:
+                if off < 0:  # not in the table (being rebuilt): the unit says where its record is
+                    off, size = next((u[0], u[1]) for u in READY.iter_unpack(units) if u[5] == seq)
+                msgs.set(seq, _DELIVERED, off, size, roll)
+        if count:
+            done = []
+            for r in self.read_many([(u[0], u[1]) for u in READY.iter_unpack(units)]):
+                if isinstance(r, Record) and r.key is not None:
+                    done.append((rec.produced_at, rec.topic, r.key, r.seq))
+            if done:
+                self.keys.delivered(done)
+            self.counters.delivered(rec.topic, len(seqs))
+        return first, units
 
     def _topic(self, topic_hash: int, units: bytes) -> str:
         """The name of a topic hash (known for every topic counted since the start), else read

@@ -36,6 +36,7 @@ from delayd.storage.timerlog import UNIT_SIZE, UnitMagic
 # Plain-int and module-level aliases for the per-message hot path (enum attribute lookups and
 # IntFlag arithmetic cost more than the rest of the work there).
 _MESSAGE, _ROLL, _CANCEL, _GROUP = RecordType.MESSAGE, RecordType.ROLL, RecordType.CANCEL, RecordType.GROUP
+_RELEASE = RecordType.RELEASE
 _SCHEDULED, _DELIVERED, _CANCELLED = MessageState.SCHEDULED, MessageState.DELIVERED, MessageState.CANCELLED
 _DEFAULT_BIT, _ROLL_BIT, _DELETE_BIT = int(UnitMagic.DEFAULT), int(UnitMagic.ROLL), int(UnitMagic.DELETE)
 _SLOT, _FAR = int(Placed.SLOT), int(Placed.FAR)
@@ -144,6 +145,10 @@ class Indexer:
                 entries.append(entry)  # type: ignore[arg-type]
         elif rtype == _CANCEL:
             self._on_cancel_record(rec, counts, entries)
+        elif rtype == _RELEASE:
+            # The ready queue is derived from RELEASE records: nothing to do on the member that
+            # released (its queue has the units), the units appended on a replica.
+            self.dispatch.apply_release(rec)
         if entries:
             self.timers.add(entries, now_ms)  # DiskFull propagates: nothing below happened
         self._apply(counts)

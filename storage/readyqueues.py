@@ -177,6 +177,17 @@ class ReadyQueues:
             self._low[topic] = min(self._low[topic], unit_bounds(units)[0])
         return first
 
+    def truncate(self, topic: str, index: int) -> int:
+        """Drop the units of `topic` at and after `index` (a cut of the commit log took their
+        RELEASE records); how many went."""
+        q = self._queue(topic)
+        if q is None or index >= q.end:
+            return 0
+        try:
+            return q.truncate(max(index, q.start))
+        finally:
+            self._bounds[topic] = (q.start, q.end)
+
     def delete_before(self, topic: str, index: int) -> list[int]:
         q = self._queue(topic)
         if q is None:

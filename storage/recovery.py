@@ -257,6 +257,14 @@ def _repair(store: Store, cp: ckpt.Checkpoint | None, found: _Found, rep: Recove
         if rep.wheel == "ok" and not timers.wheel.created:
             rep.wheel = "rebuilt (no checkpoint)"
 
+    # The ready queues are derived from the RELEASE records: append what a record past the
+    # checkpoint says and a queue lacks (a crash between the record and the units, or a
+    # replica's queue). Counted below, with the rest of the queue past the checkpoint.
+    for rec in commit.scan(cp.commit_end if cp is not None else commit.start):
+        if rec.type == RecordType.RELEASE:
+            dispatch.apply_release(rec, count=False)
+        elif cp is not None:
+            _count_append(counters, rec)
     # Deliveries past the checkpoint: the ready queues are their record. Counters change
     # only with appends (produce/cancel to the commit log, release to a ready queue), so
     # replaying exactly the appends after the checkpoint's snapshot makes them exact.
@@ -269,9 +277,6 @@ def _repair(store: Store, cp: ckpt.Checkpoint | None, found: _Found, rep: Recove
                          size or u.commit_size, roll)
             counters.delivered(topic, 1, was_scheduled=cp is not None)
             rep.ready_replayed += 1
-    if cp is not None:
-        for rec in commit.scan(cp.commit_end):
-            _count_append(counters, rec)
 
     # Without a checkpoint the message table is first brought up to date from the whole log,
     # so that indexing below sees each message's final record and state.

@@ -250,6 +250,57 @@ class Store:
         self.commit.append([encode(Record(RecordType.GROUP, 0, topic, body, key=group,
                                           produced_at=self.clock_ms()))])
 
+    # ---------------------------------------------------------------------------------- replica
+    def apply_replicated(self, offset: int, data: bytes) -> list[Record]:
+        """A follower's append: the primary's records (whole, CRC-checked: CommitLog.append_raw)
+        at their offsets, with what produce and cancel do besides the append (message table,
+        key index, counters, next_seq), so the enqueue side indexes them as the primary's own
+        and a promoted follower serves at once. RELEASE records are applied by the enqueue side
+        (Indexer), in log order. Not durable until the commit log is fsynced. Returns the GROUP
+        records, for the consumer groups."""
+        end = self.commit.append_raw(offset, data)
+        groups: list[Record] = []
+        keyed: list[tuple[str, str, int, int]] = []
+        msgs = self.msgs
+        for rec in self.commit.scan(offset, end, verify=False):
+            t = rec.type
+            if t == RecordType.MESSAGE:
+                if rec.seq >= self.next_seq:
+                    self.msgs.prepare(rec.seq, rec.seq)
+                    self.next_seq = rec.seq + 1
+                if msgs.get(rec.seq)[0] == MessageState.UNKNOWN:
+                    msgs.set(rec.seq, MessageState.SCHEDULED, rec.offset, rec.size, 0)
+                if rec.key is not None:
+                    keyed.append((rec.topic, rec.key, rec.seq, rec.deliver_at))
+                self.counters.produced(rec.topic, 1)
+            elif t == RecordType.CANCEL:
+                if keyed:
+                    self.keys.put_many(keyed)
+                    keyed = []
+                if msgs.get(rec.seq)[0] not in (MessageState.DELIVERED, MessageState.CANCELLED,
+                                                MessageState.UNKNOWN):
+                    self._cancelled(rec.seq, rec.topic, rec.key)
+            elif t == RecordType.ROLL:
+                st, _off, _size, roll = msgs.get(rec.seq)
+                if st in (MessageState.UNKNOWN, MessageState.SCHEDULED) and rec.roll_count >= roll:
+                    msgs.set(rec.seq, MessageState.SCHEDULED, rec.offset, rec.size, rec.roll_count)
+            elif t == RecordType.GROUP:
+                groups.append(rec)
+        if keyed:
+            self.keys.put_many(keyed)
+        return groups
+
+    def apply_releases(self) -> int:
+        """Apply every RELEASE record the enqueue side has not reached yet (a follower about to
+        release messages itself: its ready queues must first hold what the log says, or its own
+        releases would take indexes a RELEASE record of the old primary names). Returns how many."""
+        n = 0
+        for rec in self.commit.scan(self.indexed):
+            if rec.type == RecordType.RELEASE:
+                self.dispatch.apply_release(rec)
+                n += 1
+        return n
+
     def flush_commit(self) -> None:
         self.commit.flush()
 

@@ -106,6 +106,7 @@ class Driver:
         return min([self.store.load_time_ms] + [d.slot_time for d in self.pending])
 
     def checkpoint(self) -> None:
+        self.enqueue()  # the RELEASE records of the last releases, as enqueue-get would by now
         self.store.checkpoint(self.read_time(), {})
 
     def advance(self, ms: int, tick: int = 7, checkpoint_every_ms: int = 100) -> None:

@@ -18,8 +18,9 @@ import pytest
 from delayd.broker import codec, errors
 from delayd.broker.config import Config
 from delayd.storage import batch as ref
-from delayd.storage.commitlog import RecordType, encode_messages
+from delayd.storage.commitlog import Record, RecordType, encode, encode_messages, release_body
 from delayd.storage.msgtable import ENTRY
+from delayd.storage.readyqueue import UNIT as READY
 from delayd.storage.timerlog import UNIT, UNIT_SIZE
 from delayd.storage.timerwheel import HEADER as WHEEL_HEADER
 from delayd.storage.timerwheel import SLOT
@@ -230,6 +231,13 @@ def encoded_records(draw: Any, n: int, first_seq: int = 1) -> list[bytes]:
     for (size,) in struct.iter_unpack("<I", sizes):
         out.append(recs[p:p + size])
         p += size
+    # RELEASE records (storage/commitlog.py) among them: the scans take every record type.
+    for _ in range(draw(st.integers(0, 2))):
+        units = b"".join(READY.pack(draw(st.integers(0, 2**40)), 60, 0, NOW, NOW + 1, draw(st.integers(1, 99)))
+                         for _ in range(draw(st.integers(0, 3))))
+        rel = encode(Record(RecordType.RELEASE, 0, "topic", release_body(draw(st.integers(0, 99)), units),
+                            produced_at=NOW))
+        out.insert(draw(st.integers(0, len(out))), rel)
     return out
 
 
@@ -296,7 +304,7 @@ def index_case(draw: Any) -> dict[str, Any]:
         seq = base_seq + i
         off = draw(st.integers(0, 10_000))
         deliver_at = load_time + draw(st.integers(-3000, 70_000))
-        rtype = draw(st.sampled_from([1] * 12 + [2, 3, 4, 9]))
+        rtype = draw(st.sampled_from([1] * 12 + [2, 3, 4, 5, 9]))
         state = draw(st.sampled_from([1] * 12 + [0, 2, 3]))
         eoff = off if draw(st.integers(0, 12)) else off + 1
         ENTRY.pack_into(entries, i * ENTRY.size, state, draw(st.integers(0, 3)), 0, 77, eoff)
@@ -512,7 +520,30 @@ def test_garbage_is_an_error_or_a_result_never_a_crash(junk: bytes, n: int, k: i
 
 
 def test_record_types_match() -> None:
-    assert [int(t) for t in RecordType] == [1, 2, 3, 4]
+    assert [int(t) for t in RecordType] == [1, 2, 3, 4, 5]
+
+
+def test_scans_take_release_records() -> None:
+    """A RELEASE record is a record like any other to both scans (REC_RELEASE in the C)."""
+    units = READY.pack(100, 60, 0, NOW, NOW + 1, 7) + READY.pack(160, 60, 0, NOW, NOW + 2, 8)
+    rel = encode(Record(RecordType.RELEASE, 0, "topic", release_body(3, units), produced_at=NOW))
+    recs = encoded_records_fixed() + [rel]
+    buf = b"".join(recs)
+    for impl in (c, ref):
+        rows, consumed, outcome = impl.scan_rows(buf, 0, True, 10)
+        assert (len(rows) // ref.MROW, consumed, outcome) == (len(recs), len(buf), ref.SCAN_OK)
+        assert ref.MROW_FMT.unpack_from(rows, (len(recs) - 1) * ref.MROW)[7] == int(RecordType.RELEASE)
+    from delayd.storage import commitlog
+    scan = commitlog.scan_buffer(buf)
+    assert (len(scan), scan.end, scan.stop) == (len(recs), len(buf), commitlog.ScanStop.END)
+    assert commitlog.release_parts(commitlog.decode(rel).body) == (3, units)
+
+
+def encoded_records_fixed() -> list[bytes]:
+    recs, sizes, *_ = ref.encode_produce([{"body": b"a"}, {"body": b"bc", "key": "k"}], b"topic", NOW, 1, LIMITS,
+                                         None)
+    first = struct.unpack_from("<I", sizes)[0]
+    return [recs[:first], recs[first:]]
     assert msgpack.packb({"a": "b"}) == b"\x81\xa1a\xa1b"
 
 
@@ -595,7 +626,6 @@ def test_lateness_and_buckets(rows: bytes, now: int, layout: tuple[int, int], bo
        st.integers(0, 12), st.data())
 def test_take_rows(units: list[tuple[int, int]], first: int, exclude: list[int], wanted: list[int] | None,
                    max_n: int, data: Any) -> None:
-    from delayd.storage.readyqueue import UNIT as READY
     raw = b"".join(READY.pack(off, 10, data.draw(st.sampled_from(wanted or [0]) | st.integers(0, 3)), 5, 6, seq)
                    for seq, off in units)
     ex = sorted({first + e for e in exclude})
@@ -634,7 +664,6 @@ def test_scan_starts_is_scan_buffer(buf: bytes, start: int, verify: bool) -> Non
 @given(st.lists(st.tuples(st.integers(-2**40, 2**40), st.integers(-2**40, 2**40)), max_size=10),
        st.integers(0, 3))
 def test_unit_bounds_and_tally(units: list[tuple[int, int]], junk: int) -> None:
-    from delayd.storage.readyqueue import UNIT as READY
     raw = b"".join(READY.pack(off, 1, 2, 3, rel, 4) for off, rel in units) + b"x" * junk
     same(c.unit_bounds, ref.unit_bounds, raw)
     rows = b"".join(ref.DUE.pack(1, 2, 3, 4, 5, 6, 7, rel % 5) for _o, rel in units)

@@ -182,7 +182,7 @@ BUMPS: dict[str, tuple[Callable[[Path], None], str]] = {
     "TimerLog segment": (lambda d: bump_segment(d / "timerlog", TIMERLOG_FORMAT), "format version 3"),
     "ready-queue segment": (lambda d: bump_segment(d / "ready" / "orders", READY_FORMAT), "format version 3"),
     "message-table segment": (lambda d: bump_segment(d / "msgtable", MSGTABLE_FORMAT), "format version 3"),
-    "meta": (bump_meta, "meta: format version 3"),
+    "meta": (bump_meta, f"meta: format version {META_VERSION + 1}"),
     "key index": (lambda d: bump_sqlite(d / "keys.sqlite"), "keys.sqlite: format version 2"),
     "far index": (lambda d: bump_sqlite(d / "far.sqlite"), "far.sqlite: format version 2"),
 }

@@ -1,0 +1,115 @@
+"""A replicated shard's roles and data path (docs/replication.md): one primary, followers with the
+same commit-log bytes, 421 from a follower, writes that wait for the in-sync set, the
+min_insync refusal, and a restarted follower that catches up from where it was."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from tests.support.daemon import wait_until
+from tests.support.replicated import MAX_LAG_MS, Cluster
+
+
+def produce(d: Any, n: int = 5, delay_ms: int = 60_000, topic: str = "t") -> tuple[int, Any]:
+    msgs = [{"body": f"m{i}", "delay_ms": delay_ms} for i in range(n)]
+    return d.request("POST", f"/v1/topics/{topic}/messages", {"messages": msgs}, timeout_s=30)
+
+
+def same_logs(c: Cluster, names: list[str]) -> bool:
+    logs = [c.log_bytes(n) for n in names]
+    return all(x == logs[0] for x in logs)
+
+
+def test_one_primary_followers_hold_its_bytes_and_answer_421(cluster: Cluster) -> None:
+    c = cluster.start()
+    p = c.wait_primary()
+    followers = [n for n in c.members if n != p]
+    c.wait_isr(p, 3)
+    for i in range(5):
+        status, body = produce(c.members[p], 20, delay_ms=50 * i)
+        assert status == 200, body
+    wait_until(lambda: same_logs(c, list(c.members)), 10, 0.05, "the same log bytes on every member")
+    assert c.log_end(p) > 0
+    # Releases are RELEASE records: the followers' ready queues are the same, so are the counts.
+    wait_until(lambda: all(c.get(n, "/v1/stats")[1]["delivered_total"] == 100 for n in c.members), 10, 0.05,
+               "every member counts the 100 deliveries")
+    url = c.members[p].url
+    for f in followers:
+        d = c.members[f]
+        for method, path, body in (("POST", "/v1/topics/t/messages", {"messages": [{"body": "x"}]}),
+                                   ("DELETE", "/v1/messages/s0-1", None),
+                                   ("GET", "/v1/messages/s0-1", None),
+                                   ("GET", "/v1/topics/t/keys/k", None),
+                                   ("PUT", "/v1/topics/t/subscriptions/g", {}),
+                                   ("POST", "/v1/topics/t/subscriptions/g/pull", {"max": 1})):
+            status, answer = d.request(method, path, body)
+            assert status == 421, (method, path, status, answer)
+            assert answer["error"]["code"] == "not_primary" and answer["error"]["primary"] == url
+        status, info = c.get(f, "/v1/info")
+        assert info["role"] == "follower" and info["primary"] == url
+        cl = c.cluster(f)
+        assert cl["primary"]["member"] == p and cl["role"] == "follower"
+    cl = c.cluster(p)
+    assert sorted(cl["isr"]["members"]) == sorted(c.members) and cl["role"] == "primary"
+    assert all(m["lag_bytes"] is not None for m in cl["members"])
+    assert c.get(p, "/v1/info")[1]["role"] == "primary"
+
+
+def test_writes_wait_for_the_in_sync_set_then_refuse_below_min_insync(cluster: Cluster) -> None:
+    c = cluster.start()
+    p = c.wait_primary()
+    c.wait_isr(p, 3)
+    f1, f2 = [n for n in c.members if n != p]
+    assert produce(c.members[p])[0] == 200
+    # A frozen follower holds writes up until it lags max_lag_ms; then it leaves the set and the
+    # write is answered (two copies remain).
+    c.stop(f1)
+    t0 = time.monotonic()
+    status, body = produce(c.members[p])
+    waited = time.monotonic() - t0
+    assert status == 200, body
+    assert waited >= MAX_LAG_MS / 1000 * 0.8, waited
+    assert sorted(c.isr(p)) == sorted([p, f2])
+    # The other one killed: its stream ends, it leaves the set at once, and the write that
+    # waited for it is refused (stored on the primary, not acknowledged) ...
+    answers: list[tuple[int, Any]] = []
+    t = threading.Thread(target=lambda: answers.append(produce(c.members[p])))
+    c.kill9(f2)
+    t.start()
+    t.join(30)
+    assert answers and answers[0][0] == 503, answers
+    assert answers[0][1]["error"]["code"] in ("under_replicated", "insufficient_replicas"), answers
+    # ... and every later write before anything is stored, with Retry-After.
+    end = c.log_end(p)
+    status, body = produce(c.members[p])
+    assert status == 503 and body["error"]["code"] == "insufficient_replicas", body
+    assert c.log_end(p) == end
+    # Back: the followers catch up, rejoin the set, and writes are taken again.
+    c.cont(f1)
+    c.restart(f2)
+    c.wait_isr(p, 3)
+    assert produce(c.members[p])[0] == 200
+    wait_until(lambda: same_logs(c, list(c.members)), 10, 0.05, "the same log bytes on every member")
+
+
+def test_a_restarted_follower_catches_up_from_its_position(cluster: Cluster) -> None:
+    c = cluster.start()
+    p = c.wait_primary()
+    c.wait_isr(p, 3)
+    f = [n for n in c.members if n != p][0]
+    for _ in range(3):
+        assert produce(c.members[p], 50)[0] == 200
+    wait_until(lambda: c.log_end(f) == c.log_end(p), 10, 0.05, "the follower caught up")
+    c.kill9(f)
+    had = c.log_end(f)
+    assert had > 0
+    for _ in range(3):
+        assert produce(c.members[p], 50)[0] == 200
+    c.restart(f)
+    wait_until(lambda: same_logs(c, list(c.members)), 15, 0.05, "the same log bytes on every member")
+    c.wait_isr(p, 3)
+    starts = [line for line in c.members[p].log_tail(400).splitlines() if f"{f} streams from offset" in line]
+    assert starts and f"{f} streams from offset {had} " in starts[-1], starts  # not from 0: no full copy
+    assert f"{f} streams from offset 0 " in starts[0]  # (its first stream, when the log was empty)
