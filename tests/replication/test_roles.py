@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+import urllib.request
 from typing import Any
 
 from tests.support.daemon import wait_until
@@ -55,6 +56,10 @@ def test_one_primary_followers_hold_its_bytes_and_answer_421(cluster: Cluster) -
     assert sorted(cl["isr"]["members"]) == sorted(c.members) and cl["role"] == "primary"
     assert all(m["lag_bytes"] is not None for m in cl["members"])
     assert c.get(p, "/v1/info")[1]["role"] == "primary"
+    with urllib.request.urlopen(c.members[p].url + "/metrics", timeout=5) as r:
+        text = r.read().decode()
+    assert 'delayd_replication_role{role="primary"} 1.0' in text and "delayd_replication_isr_size 3.0" in text
+    assert "delayd_replication_follower_lag_bytes{" in text and "delayd_replication_elections_total 1.0" in text
 
 
 def test_writes_wait_for_the_in_sync_set_then_refuse_below_min_insync(cluster: Cluster) -> None:
