@@ -95,6 +95,7 @@ class Replication:
         self._session: aiohttp.ClientSession | None = None
         self._follow_task: asyncio.Task[None] | None = None
         self._restarting = False  # the follow task is cutting and reopening the store: leave it be
+        self._stopping = False
 
     # ------------------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -110,6 +111,7 @@ class Replication:
         await self.coord.start()
 
     async def stop(self) -> None:
+        self._stopping = True  # the role changes stop() itself causes need no pipeline switch
         self.serving = False
         self._changed.set()
         await self.coord.stop()
@@ -144,6 +146,8 @@ class Replication:
     async def _roles(self) -> None:
         while True:
             change = await self._changes.get()
+            if self._stopping:
+                continue
             try:
                 if change.reason is Reason.ELECTED and change.role is Role.PRIMARY:
                     await self._become_primary(change.epoch)
