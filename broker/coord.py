@@ -236,6 +236,7 @@ class Coordinator:
         self._retry_s = max(MIN_RETRY_S, window / RETRIES_PER_WINDOW)
         self.role = Role.FOLLOWER
         self.primary: PrimaryInfo | None = None
+        self.registered: frozenset[str] | None = None  # members/ as last read (None: not read yet)
         self.stats = CoordStats()
         self._seen_epoch = 0
         self._term: _Term | None = None
@@ -382,6 +383,7 @@ class Coordinator:
 
     def _observe(self, state: ShardState) -> None:
         self._seen_epoch = max(self._seen_epoch, state.epoch)
+        self.registered = frozenset(state.members)  # the live members, as of this read
         term = self._term
         p = state.primary
         if term is not None and state.revision >= term.key_revision and (

@@ -51,7 +51,7 @@ ACK = struct.Struct("<q")  # the follower's fsynced log end
 FRAME_BYTES = 1 << 20  # log bytes per frame (about: a batch is never split)
 PING_S = 0.2  # an idle stream says the primary's end this often
 TICK_S = 0.05  # the in-sync set is checked this often
-GONE_HOLDING_S = 0.2  # a follower with no stream that holds a write up this long leaves the set
+GONE_HOLDING_S = 0.2  # a follower with no stream (or registration) holding a write up this long leaves
 PROMOTION_GRACE_S = 0.5  # ... but not before the followers had this long to find a new primary
 IDLE_S = 1.0  # a follower that hears nothing (not even a ping) this long reconnects
 RETRY_S = 0.2  # a follower reconnects after this
@@ -95,6 +95,7 @@ class Replication:
         self._session: aiohttp.ClientSession | None = None
         self._follow_task: asyncio.Task[None] | None = None
         self._restarting = False  # the follow task is cutting and reopening the store: leave it be
+        self._stopping = False
 
     # ------------------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -110,6 +111,7 @@ class Replication:
         await self.coord.start()
 
     async def stop(self) -> None:
+        self._stopping = True  # the role changes stop() itself causes need no pipeline switch
         self.serving = False
         self._changed.set()
         await self.coord.stop()
@@ -144,6 +146,8 @@ class Replication:
     async def _roles(self) -> None:
         while True:
             change = await self._changes.get()
+            if self._stopping:
+                continue
             try:
                 if change.reason is Reason.ELECTED and change.role is Role.PRIMARY:
                     await self._become_primary(change.epoch)
@@ -277,7 +281,11 @@ class Replication:
             for m in members - {self.member}:
                 f = self.followers.setdefault(m, Follower(m))
                 lag = self.lag_s(f.acked, now)
-                gone = f.streams == 0 and lag > GONE_HOLDING_S and now - self._promoted_s > PROMOTION_GRACE_S
+                # Gone: no stream, or its registration lapsed (frozen, cut off: its stream may
+                # look open for a long time), and it holds a write up.
+                lapsed = self.coord.registered is not None and m not in self.coord.registered
+                gone = (f.streams == 0 or lapsed) and lag > GONE_HOLDING_S \
+                    and now - self._promoted_s > PROMOTION_GRACE_S
                 if lag > self.max_lag_s or gone:
                     drop.add(m)
             hw = min([self._acked(m) for m in members - {self.member}] + [self.durable_end()])

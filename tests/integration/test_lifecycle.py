@@ -12,6 +12,7 @@ import zlib
 from pathlib import Path
 
 from delayd.storage.commitlog import CommitLog
+from delayd.storage.datadir import META_VERSION
 from delayd.storage.segments import list_segments, segment_name
 
 from tests.integration.wire import Api, call
@@ -80,11 +81,11 @@ def test_meta_from_a_newer_build_is_refused_before_the_port_is_bound(tmp_path: P
     assert d.stop() == 0
     meta = d.data_dir / "meta"
     raw = bytearray(meta.read_bytes())
-    struct.pack_into("<H", raw, 4, 3)  # the data directory's format version
+    struct.pack_into("<H", raw, 4, META_VERSION + 1)  # the data directory's format version
     meta.write_bytes(bytes(raw))
     before = checksums(d.data_dir)
     r = serve(d.data_dir)
-    assert r.returncode == 1 and "meta: format version 3, but this build reads versions up to 2" in r.stderr
+    assert r.returncode == 1 and f"meta: format version {META_VERSION + 1}, but this build reads versions up to {META_VERSION}" in r.stderr
     assert "listening" not in r.stderr
     assert checksums(d.data_dir) == before
 

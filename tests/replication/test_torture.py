@@ -58,7 +58,7 @@ def test_replicated_torture(cluster: Cluster) -> None:
             q = c.wait_primary(20)
             c.wait_isr(q, 3, 30)
             n = len(load.produced)
-            wait_until(lambda: len(load.produced) > n + 10, 20, 0.05, "produces acknowledged again")
+            wait_until(lambda n=n: len(load.produced) > n + 10, 20, 0.05, "produces acknowledged again")
             bad = [v for v in load.violations() if not v.startswith("LOST")]
             assert not bad, "\n".join(history) + "\n" + load.report(bad)
             history.append(f"  -> primary {q}, {load.summary()}")
