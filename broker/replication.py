@@ -448,6 +448,8 @@ class Replication:
                                 await asyncio.shield(broker.restart_storage(cut_offset=to))
                             finally:
                                 self._restarting = False
+                                if broker.store is not None:  # storage.cut rewrote the epoch file
+                                    self.epochs = EpochFile(broker.store.data.layout.epochs)
                         else:
                             log.error("replication: the primary holds [%s, ...) only; this member needs a copy "
                                       "of its data directory", d.get("start"))

@@ -567,9 +567,10 @@ def write(df: Any, url: str = DEFAULT_URL, topic: str | None = None, **options: 
 
 # ========================================================================================= read
 
-_RECORD_TYPES = pa.array(["unknown", "message", "cancel", "roll", "group"])
-_MESSAGE, _CANCEL, _ROLL, _GROUP = (int(t) for t in (RecordType.MESSAGE, RecordType.CANCEL, RecordType.ROLL,
-                                                      RecordType.GROUP))
+_RECORD_TYPES = pa.array(["unknown", "message", "cancel", "roll", "group", "release"])
+_MESSAGE, _CANCEL, _ROLL, _GROUP, _RELEASE = (int(t) for t in (RecordType.MESSAGE, RecordType.CANCEL,
+                                                                RecordType.ROLL, RecordType.GROUP,
+                                                                RecordType.RELEASE))
 # The commit-log record header (storage/commitlog.py HEADER) as a numpy dtype, to view the packed
 # headers commitlog.scan_buffer returns as columns.
 _HEADER = np.dtype([("length", "<u4"), ("crc", "<u4"), ("version", "u1"), ("type", "u1"), ("flags", "<u2"),
@@ -733,7 +734,7 @@ class DataDirReader(DataSourceReader):
             "offset": pa.array(st + base),
             "record_type": pc.take(_RECORD_TYPES, pa.array(np.minimum(types, len(_RECORD_TYPES) - 1))),
             "topic": _ragged(raw, p_topic, tl, pa.string()),
-            "id": _ids(h["seq"], self.node, types != _GROUP),
+            "id": _ids(h["seq"], self.node, (types != _GROUP) & (types != _RELEASE)),
             "key": _ragged(raw, p_key, kl, pa.string(), kl > 0),
             "tag": _ragged(raw, p_tag, gl, pa.string(), gl > 0),
             "deliver_at": pa.array(h["deliver_at"], mask=~is_msg),

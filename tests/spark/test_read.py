@@ -125,7 +125,7 @@ def test_reader_agrees_with_storage_decode(spark: Any, filled: tuple[DaemonProce
     for r, rec in zip(rows, recs, strict=True):
         assert r["offset"] == rec.offset and r["record_type"] == rec.type.name.lower()
         assert (r["topic"], r["key"], r["tag"], r["body"]) == (rec.topic, rec.key, rec.tag, rec.body)
-        assert r["id"] == (None if rec.type == RecordType.GROUP else f"d-{rec.seq:x}")
+        assert r["id"] == (None if rec.type in (RecordType.GROUP, RecordType.RELEASE) else f"d-{rec.seq:x}")
         assert r["produced_at"] == rec.produced_at
         assert r["deliver_at"] == (rec.deliver_at if rec.type in (RecordType.MESSAGE, RecordType.ROLL) else None)
         assert (dict(r["headers"]) if r["headers"] else None) == rec.headers
