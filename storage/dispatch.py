@@ -104,6 +104,9 @@ class Dispatch:
         self.counters, self.ready, self.keys = counters, ready, keys
         self.load_time_ms = load_time_ms  # D
         self.read_time_ms = read_time_ms  # R, durable (set when a checkpoint is saved)
+        # Offsets of the RELEASE records this process appended with their units: the enqueue
+        # side has nothing to apply there and skips them unread (after a restart it reads them).
+        self.own_releases: set[int] = set()
 
     # ---------------------------------------------------------------------------------- dequeue-get
     def open_slot(self, slot_time: int, chunk: int = 1024) -> Iterator[bytes]:
@@ -298,9 +301,11 @@ class Dispatch:
                 # The RELEASE record first: the ready queue is derived from it (a replica, and
                 # recovery, append what a RELEASE record says and the queue lacks). DiskFull here:
                 # nothing of this topic changed.
-                self.commit.append([encode(Record(RecordType.RELEASE, 0, topic,
-                                                  release_body(self.ready.end(topic), units), produced_at=now_ms))])
+                (at,) = self.commit.append([encode(Record(RecordType.RELEASE, 0, topic,
+                                                          release_body(self.ready.end(topic), units),
+                                                          produced_at=now_ms))])
                 first = self.ready.append_units(topic, units)
+                self.own_releases.add(at)
                 ops.set_states(seqs, msgs.spans, int(_DELIVERED))
                 n = len(seqs) // 8
                 if keyed:

@@ -116,7 +116,12 @@ class Indexer:
                     if i >= n or len(units) == room * UNIT_SIZE:
                         continue  # done, or the segment is full (room_units() starts the next)
                     _seq, _due, offset, size, *_rest = batch.MROW_FMT.unpack_from(rows, i * MROW)
-                # Not the compiled core's row: the full path, on the decoded record.
+                # Not the compiled core's row: the full path, on the decoded record (a RELEASE
+                # record whose units this process appended itself needs nothing).
+                if offset in self.dispatch.own_releases:
+                    self.dispatch.own_releases.discard(offset)
+                    i += 1
+                    continue
                 if self._one(self.commit.read(offset, size), now_ms, late) is BLOCKED:
                     blocked = True
                     break
