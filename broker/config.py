@@ -174,7 +174,18 @@ class Config:
                 raise ConfigError(f"unknown token rights {sorted(bad)}")
         if self.replication_enabled:
             self.replication().validate()
+            if self.tokens and self.stream_token() is None:
+                raise ConfigError("replication with [[auth.tokens]] needs a token with the admin right: the "
+                                  "members present it to each other on the replication stream")
+            if self.auto_token and not self.tokens:
+                raise ConfigError("replication does not work with --auto-token (each member would generate its "
+                                  "own): configure the same [[auth.tokens]] on every member, or --insecure")
         return self
+
+    def stream_token(self) -> str | None:
+        """The token a follower presents on the primary's replication stream: the first configured
+        token with the admin right (the members of a shard share their tokens); None without tokens."""
+        return next((t.token for t in self.tokens if "admin" in t.rights), None)
 
 
 def _is_http_url(url: str) -> bool:

@@ -460,7 +460,9 @@ async def replication_middleware(request: web.Request, handler: Handler) -> web.
 
 async def replication_stream(request: web.Request) -> web.StreamResponse:
     """GET /internal/replication/stream: a follower's stream (broker.replication; not part of the
-    public API)."""
+    public API). It carries every message of the shard: with tokens configured, only an admin
+    token opens it (the members present the first admin token of their shared configuration)."""
+    authorize(request, "admin")
     repl = request.app[BROKER].repl
     if repl is None:
         raise errors.NotFound("replication is off")

@@ -418,8 +418,10 @@ class Replication:
                   "last_epoch": str(self.epochs.last_epoch)}
         primary_epochs: list[tuple[int, int]] = []
         loop = asyncio.get_running_loop()
+        token = self.cfg.stream_token()
+        headers = {"Authorization": f"Bearer {token}"} if token else None
         async with self._session.ws_connect(url.rstrip("/") + STREAM_PATH, params=params, max_msg_size=0,
-                                            heartbeat=None) as ws:
+                                            heartbeat=None, headers=headers) as ws:
             while True:
                 try:
                     msg = await ws.receive(timeout=IDLE_S)

@@ -23,9 +23,11 @@ MAX_LAG_MS = 3000
 
 class Cluster:
     def __init__(self, root: Path, etcd: EtcdProcess, names: tuple[str, ...] = ("a", "b", "c"),
-                 min_insync: int = 2, max_lag_ms: int = MAX_LAG_MS) -> None:
+                 min_insync: int = 2, max_lag_ms: int = MAX_LAG_MS, config_text: str | None = None,
+                 token: str | None = None) -> None:
         self.root = root
         self.etcd = etcd
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}  # for the views below
         self.prefix = f"/t-{uuid.uuid4().hex[:10]}"
         self.members: dict[str, DaemonProcess] = {}
         for name in names:
@@ -43,7 +45,8 @@ class Cluster:
                 "DELAYD_REPLICATION_MAX_LAG_MS": str(max_lag_ms),
                 "DELAYD_LOG_LEVEL": "info",
             }
-            self.members[name] = DaemonProcess(root / name, port=port, env=env, node_id=SHARD)
+            self.members[name] = DaemonProcess(root / name, port=port, env=env, node_id=SHARD,
+                                               config_text=config_text)
         self.stopped: set[str] = set()  # SIGSTOPped
 
     # -- processes ----------------------------------------------------------------------------
@@ -91,7 +94,8 @@ class Cluster:
     # -- views --------------------------------------------------------------------------------
     def get(self, name: str, path: str, timeout_s: float = 2.0) -> tuple[int, Any]:
         try:
-            with urllib.request.urlopen(self.members[name].url + path, timeout=timeout_s) as r:
+            req = urllib.request.Request(self.members[name].url + path, headers=self.headers)
+            with urllib.request.urlopen(req, timeout=timeout_s) as r:
                 return r.status, json.loads(r.read())
         except urllib.error.HTTPError as e:
             return e.code, json.loads(e.read() or b"null")
