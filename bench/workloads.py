@@ -226,13 +226,14 @@ class Accuracy(Workload):
         return res
 
     def rows(self, t: Table) -> None:
-        if not t.has("accuracy"):
+        w = self.name
+        if not t.has(w):
             return
-        t.row("accuracy", "received", "msgs", "received")
-        t.row("accuracy", "lateness p50", "ms", "p50_ms")
-        t.row("accuracy", "lateness p99", "ms", "p99_ms", f"<= {TARGET_P99_MS:g}", lambda d, r: d <= TARGET_P99_MS)
-        t.row("accuracy", "lateness max", "ms", "max_ms")
-        t.row("accuracy", "early (before deliver_at)", "msgs", "early", "0", lambda d, r: d == 0)
+        t.row(w, "received", "msgs", "received")
+        t.row(w, "lateness p50", "ms", "p50_ms")
+        t.row(w, "lateness p99", "ms", "p99_ms", f"<= {TARGET_P99_MS:g}", lambda d, r: d <= TARGET_P99_MS)
+        t.row(w, "lateness max", "ms", "max_ms")
+        t.row(w, "early (before deliver_at)", "msgs", "early", "0", lambda d, r: d == 0)
 
 
 
@@ -327,15 +328,9 @@ class AccuracyLoad(Accuracy):
         return res
 
     def rows(self, t: Table) -> None:
-        if not t.has("accuracy_load"):
-            return
-        t.row("accuracy_load", "concurrent produce (target: half the max)", "msg/s", "load_msg_per_s")
-        t.row("accuracy_load", "received", "msgs", "received")
-        t.row("accuracy_load", "lateness p50", "ms", "p50_ms")
-        t.row("accuracy_load", "lateness p99", "ms", "p99_ms", f"<= {TARGET_P99_MS:g}",
-              lambda d, r: d <= TARGET_P99_MS)
-        t.row("accuracy_load", "lateness max", "ms", "max_ms")
-        t.row("accuracy_load", "early (before deliver_at)", "msgs", "early", "0", lambda d, r: d == 0)
+        if t.has(self.name):
+            t.row(self.name, "concurrent produce (target: half the max)", "msg/s", "load_msg_per_s")
+        super().rows(t)
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Replicated shards on loopback: one real etcd per module, real daemons per test."""
+"""Replicated shards on loopback: one real etcd per module (the coordination tests' fixture), real
+daemons per test."""
 
 from __future__ import annotations
 
@@ -7,21 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.broker.conftest import need_etcd
+from tests.broker.conftest import etcd  # noqa: F401 - the fixture, shared with the coordination tests
 from tests.support.etcd import EtcdProcess
 from tests.support.replicated import Cluster
 
 
-@pytest.fixture(scope="module")
-def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdProcess]:
-    need_etcd()
-    e = EtcdProcess(tmp_path_factory.mktemp("etcd") / "data").start()
-    yield e
-    e.stop()
-
-
 @pytest.fixture
-def cluster(tmp_path: Path, etcd: EtcdProcess) -> Iterator[Cluster]:
+def cluster(tmp_path: Path, etcd: EtcdProcess) -> Iterator[Cluster]:  # noqa: F811
     c = Cluster(tmp_path, etcd)
     try:
         yield c
