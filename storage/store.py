@@ -30,6 +30,7 @@ whose message is delivered or cancelled, is dropped at dispatch.
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 from collections import deque
 from collections.abc import Callable, Generator
@@ -429,7 +430,9 @@ class Store:
         total = self.commit.disk_bytes() + self.timers.log.files.disk_bytes() + self.msgs.disk_bytes()
         total += self.ready.disk_bytes()
         for p in (self.data.layout.timerwheel, self.data.layout.checkpoint):
-            if p.exists():
+            # The checkpoint is renamed aside and replaced by the checkpoint thread: between the two
+            # renames it is briefly absent (an exists-then-stat raced that and failed /v1/stats).
+            with contextlib.suppress(FileNotFoundError):
                 total += p.stat().st_size
         return total
 

@@ -124,6 +124,20 @@ class DaemonProcess:
         assert self.proc is not None
         return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
 
+    def open_files(self) -> int:
+        """How many of them are files of its data directory (sockets, pipes and logs left out: a
+        busy event loop closes finished connections late, which says nothing about its files)."""
+        assert self.proc is not None
+        fd_dir = f"/proc/{self.proc.pid}/fd"
+        root = str(self.data_dir.resolve()) + os.sep
+        n = 0
+        for fd in os.listdir(fd_dir):
+            try:
+                n += os.readlink(f"{fd_dir}/{fd}").startswith(root)
+            except OSError:  # closed meanwhile
+                pass
+        return n
+
     def log_tail(self, n: int = 60) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
