@@ -102,6 +102,15 @@ async def serve(cfg: Config, clock: Clock | None = None) -> int:
         await broker.stop_pipeline()  # drains, bounded by a timeout
 
     app.cleanup_ctx.extend([storage_ctx, metrics_ctx, pipeline_ctx])
+    if broker.repl is not None:
+        repl = broker.repl
+
+        async def step_down(_app: web.Application) -> None:
+            # First thing at shutdown: aiohttp then waits (shutdown_timeout) for open handlers, and
+            # a follower's stream handler ends only when its websocket is closed.
+            await repl.stop()
+
+        app.on_shutdown.append(step_down)
     host, port = cfg.host_port
     ssl_ctx = None
     if cfg.tls_cert and cfg.tls_key:

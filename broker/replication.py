@@ -111,6 +111,11 @@ class Replication:
         await self.coord.start()
 
     async def stop(self) -> None:
+        """Step down (the lease is revoked: another member is elected at once) and end every stream.
+        Called when shutdown begins, before aiohttp waits for open handlers (a stream's handler
+        runs until its websocket closes), and again, doing nothing, when the pipeline stops."""
+        if self._stopping:
+            return
         self._stopping = True  # the role changes stop() itself causes need no pipeline switch
         self.serving = False
         self._changed.set()

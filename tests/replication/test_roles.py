@@ -60,6 +60,13 @@ def test_one_primary_followers_hold_its_bytes_and_answer_421(cluster: Cluster) -
         text = r.read().decode()
     assert 'delayd_replication_role{role="primary"} 1.0' in text and "delayd_replication_isr_size 3.0" in text
     assert "delayd_replication_follower_lag_bytes{" in text and "delayd_replication_elections_total 1.0" in text
+    # SIGTERM of the primary with its followers streaming: it steps down and exits at once (its
+    # streams are closed when shutdown begins, not after aiohttp's wait for open handlers), and
+    # another member is elected without waiting for the lease to run out.
+    t0 = time.monotonic()
+    assert c.members[p].stop(timeout_s=10) == 0
+    assert time.monotonic() - t0 < 3, f"the primary took {time.monotonic() - t0:.1f}s to stop"
+    c.wait_primary(timeout_s=3, exclude=p)
 
 
 def test_writes_wait_for_the_in_sync_set_then_refuse_below_min_insync(cluster: Cluster) -> None:
