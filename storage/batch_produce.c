@@ -128,6 +128,20 @@ typedef struct {
     int64_t max_body, max_delay, max_tag_chars, max_tag_bytes, max_key_bytes, max_headers, max_header_bytes;
 } Limits;
 
+/* The limits tuple both produce entry points take, and their topic (bytes) checked: 0, or -1 with
+ * an exception set. */
+static int parse_limits(PyObject *limits_o, PyObject *topic_o, Limits *lim) {
+    if (!PyArg_ParseTuple(limits_o, "LLLLLLL", &lim->max_body, &lim->max_delay, &lim->max_tag_chars,
+                          &lim->max_tag_bytes, &lim->max_key_bytes, &lim->max_headers, &lim->max_header_bytes))
+        return -1;
+    Py_ssize_t topic_len = PyBytes_GET_SIZE(topic_o);
+    if (topic_len < 1 || topic_len > 255) {
+        PyErr_SetString(PyExc_ValueError, "topic must be 1-255 bytes");
+        return -1;
+    }
+    return 0;
+}
+
 /* UTF-8 of an exact str, or NULL (error cleared) when it has lone surrogates. */
 static const char *utf8_of(PyObject *s, Py_ssize_t *n) {
     const char *p = PyUnicode_AsUTF8AndSize(s, n);
@@ -305,12 +319,9 @@ PyObject *encode_produce(PyObject *self, PyObject *args) {
                           &PyTuple_Type, &limits_o, &select_o))
         return NULL;
     Limits lim;
-    if (!PyArg_ParseTuple(limits_o, "LLLLLLL", &lim.max_body, &lim.max_delay, &lim.max_tag_chars, &lim.max_tag_bytes,
-                          &lim.max_key_bytes, &lim.max_headers, &lim.max_header_bytes))
-        return NULL;
+    if (parse_limits(limits_o, topic_o, &lim) < 0) return NULL;
     const uint8_t *topic = (const uint8_t *)PyBytes_AS_STRING(topic_o);
     Py_ssize_t topic_len = PyBytes_GET_SIZE(topic_o);
-    if (topic_len < 1 || topic_len > 255) { PyErr_SetString(PyExc_ValueError, "topic must be 1-255 bytes"); return NULL; }
     Py_ssize_t n = PyList_GET_SIZE(items);
     Item *its = PyMem_Calloc(n ? (size_t)n : 1, sizeof(Item));
     if (!its) return PyErr_NoMemory();
@@ -505,12 +516,9 @@ PyObject *encode_produce_raw(PyObject *self, PyObject *args) {
                           &limits_o, &max_batch, &max_elements, &select_o))
         return NULL;
     Limits lim;
-    if (!PyArg_ParseTuple(limits_o, "LLLLLLL", &lim.max_body, &lim.max_delay, &lim.max_tag_chars, &lim.max_tag_bytes,
-                          &lim.max_key_bytes, &lim.max_headers, &lim.max_header_bytes))
-        return NULL;
+    if (parse_limits(limits_o, topic_o, &lim) < 0) return NULL;
     const uint8_t *topic = (const uint8_t *)PyBytes_AS_STRING(topic_o);
     Py_ssize_t topic_len = PyBytes_GET_SIZE(topic_o);
-    if (topic_len < 1 || topic_len > 255) { PyErr_SetString(PyExc_ValueError, "topic must be 1-255 bytes"); return NULL; }
     Buf raw;
     if (buf_get(raw_o, &raw, 0, "raw") < 0) return NULL;
     Item *its = NULL;
