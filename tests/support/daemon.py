@@ -124,19 +124,23 @@ class DaemonProcess:
         assert self.proc is not None
         return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
 
-    def open_files(self) -> int:
-        """How many of them are files of its data directory (sockets, pipes and logs left out: a
-        busy event loop closes finished connections late, which says nothing about its files)."""
+    def open_files(self) -> list[str]:
+        """The files of its data directory it holds open, each once, relative to the directory
+        (sockets, pipes and logs left out: a busy event loop closes finished connections late,
+        which says nothing about its files). Each file once: a checkpoint fsyncs through
+        short-lived duplicates of the descriptors it already holds, which open no new file."""
         assert self.proc is not None
         fd_dir = f"/proc/{self.proc.pid}/fd"
         root = str(self.data_dir.resolve()) + os.sep
-        n = 0
+        paths = set()
         for fd in os.listdir(fd_dir):
             try:
-                n += os.readlink(f"{fd_dir}/{fd}").startswith(root)
+                target = os.readlink(f"{fd_dir}/{fd}")
             except OSError:  # closed meanwhile
-                pass
-        return n
+                continue
+            if target.startswith(root):
+                paths.add(target[len(root):])
+        return sorted(paths)
 
     def log_tail(self, n: int = 60) -> str:
         try:
