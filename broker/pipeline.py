@@ -46,6 +46,7 @@ log = logging.getLogger("delayd.pipeline")
 RETRY_S = 0.5  # a stage that cannot write (disk full, no descriptors) retries this often
 RELEASE_BATCH = 4096  # messages released per event-loop turn
 RESOLVE_CHUNK = 256  # units resolved per event-loop turn (a big slot must not stall releases)
+CARRY_POLL_S = 0.1  # a follower looks this often whether its primary's cursor moved
 DRAIN_TIMEOUT_S = 5.0
 TRANSIENT = (DiskFull, OutOfDescriptors, OSError)  # caught by the stages; `transient` says which to retry
 
@@ -372,6 +373,34 @@ class DequeueGet(Stage):
             self.outbox.close()
 
 
+class Carry(Stage):
+    """A replication follower's dequeue side (Dispatch.carry): follows the primary's dequeue
+    cursor, `target()`, releasing nothing; what is still pending in the slots it passes moves
+    along, so the wheel keeps indexing and a promoted follower starts where its primary was."""
+    name = "dequeue_carry"
+
+    def __init__(self, store: Store, target: Callable[[], int]) -> None:
+        super().__init__()
+        self.dispatch, self.target = store.dispatch, target
+
+    async def run(self) -> None:
+        while not self.stopping.is_set():
+            if self.target() <= self.dispatch.load_time_ms:
+                if await self.sleep(CARRY_POLL_S):
+                    return
+                continue
+            self.state = StageState.RUNNING
+            try:
+                self.items += self.dispatch.carry(self.target())
+                self.batches += 1
+            except TRANSIENT as e:
+                if not transient(e):
+                    raise
+                if not await self.pause(e):
+                    return
+            await asyncio.sleep(0)  # one bounded call at a time: let the enqueue side in
+
+
 class DequeueGetMessage(Stage):
     """Reads each unit's record (Dispatch.resolve): drops cancelled, delivered and stale units,
     rolls far ones forward (re-appended to the commit log), passes due messages on."""
@@ -585,7 +614,7 @@ class Pipeline:
 
     def __init__(self, store: Store, clock: Clock, *, lookahead_ms: int, queue_batches: int,
                  release_capacity: int, on_release: Callable[[Released, int], None], follower: bool = False,
-                 limit: Callable[[], int] | None = None) -> None:
+                 limit: Callable[[], int] | None = None, carry_to: Callable[[], int] | None = None) -> None:
         self.store = store
         self.clock = clock
         self.appended = asyncio.Event()
@@ -600,8 +629,11 @@ class Pipeline:
         if follower:
             # A replication follower runs the enqueue side only: it indexes the primary's records
             # (and derives its ready queues from their RELEASE records) and releases nothing, so
-            # a promoted follower's wheel holds everything and delivered messages drop out of it.
+            # a promoted follower's wheel holds everything and delivered messages drop out of it;
+            # its cursor follows the primary's (`carry_to`).
             self.stages: list[Stage] = [self.enqueue_get, EnqueuePut(store, self.records, None, clock, self.inflight)]
+            if carry_to is not None:
+                self.stages.append(Carry(store, carry_to))
         else:
             self.stages = [
                 self.enqueue_get,

@@ -13,7 +13,10 @@ fsyncs, acknowledges, and runs the enqueue side of its pipeline.
 Frames (websocket): binary `epoch(8) offset(8)` + whole atomic batches of log bytes; the follower
 answers binary `end(8)`, its fsynced log end. Text frames are JSON: `hello` (the primary's epoch
 and epoch file), `truncate` (the follower's log goes past where its last epoch ends in the
-primary's history: cut back to `to` and reconnect), `ping` (idle; the primary's log end).
+primary's history: cut back to `to` and reconnect), `ping` (idle; the primary's log end),
+`progress` (the primary's durable dequeue cursor `read_time` moved: every slot before it was
+dispatched, and what that wrote — RELEASE and ROLL records — lies below `end`; the follower's
+cursor follows it once it has indexed up to `end`: pipeline.Carry).
 
 Coordination (election, fencing, the ISR in etcd) is broker.coord's; this module reacts to its
 RoleChange events: `elected` → write the epoch boundary and serve; anything else while serving →
@@ -53,6 +56,7 @@ PING_S = 0.2  # an idle stream says the primary's end this often
 TICK_S = 0.05  # the in-sync set is checked this often
 GONE_HOLDING_S = 0.2  # a follower with no stream (or registration) holding a write up this long leaves
 PROMOTION_GRACE_S = 0.5  # ... but not before the followers had this long to find a new primary
+PROGRESS_HELD = 16  # a follower keeps this many of the primary's cursor moves waiting for its indexing
 IDLE_S = 1.0  # a follower that hears nothing (not even a ping) this long reconnects
 RETRY_S = 0.2  # a follower reconnects after this
 RETRY_AFTER_S = 1
@@ -82,6 +86,8 @@ class Replication:
         self.epochs: EpochFile | None = None
         self.primary_url: str | None = None
         self.primary_end = 0  # follower: the primary's log end as last heard
+        self._progress: deque[tuple[int, int]] = deque()  # follower: (log end, primary's read time) heard
+        self._carry_to = 0  # follower: the primary's read time, once indexed up to where it was said
         self.elections = 0
         self._changed = asyncio.Event()  # acks, ISR changes, role changes: waiters look again
         self._grew = asyncio.Event()  # the log grew: streams send
@@ -360,11 +366,16 @@ class Replication:
         await ws.send_str(json.dumps({"type": "hello", "epoch": epoch, "epochs": self.epochs.entries}))
         reader = asyncio.create_task(self._read_acks(ws, f))
         pos = start
+        said_read_time = -1
         try:
             while self.serving and self.epoch == epoch and not ws.closed and not reader.done():
                 store = self.broker.store
                 if store is None:
                     break
+                if store.read_time_ms != said_read_time:
+                    said_read_time = store.read_time_ms
+                    await ws.send_str(json.dumps({"type": "progress", "epoch": epoch, "read_time": said_read_time,
+                                                  "end": store.commit.end}))
                 data = store.commit.read_raw(pos, FRAME_BYTES) if pos < store.commit.end else b""
                 if data:
                     await ws.send_bytes(FRAME.pack(epoch, pos) + data)
@@ -422,6 +433,7 @@ class Replication:
         params = {"from": str(store.commit.end), "epoch": str(self.epoch), "member": self.member,
                   "last_epoch": str(self.epochs.last_epoch)}
         primary_epochs: list[tuple[int, int]] = []
+        self._progress.clear()
         loop = asyncio.get_running_loop()
         token = self.cfg.stream_token()
         headers = {"Authorization": f"Bearer {token}"} if token else None
@@ -468,6 +480,10 @@ class Replication:
                         self.epochs.adopt(primary_epochs, store.commit.end)
                     elif d["type"] == "ping":
                         self.primary_end = int(d["end"])
+                    elif d["type"] == "progress":
+                        if len(self._progress) >= PROGRESS_HELD:  # indexing lags: wait for the newest
+                            self._progress.pop()
+                        self._progress.append((int(d["end"]), int(d["read_time"])))
                     continue
                 if msg.type != aiohttp.WSMsgType.BINARY:
                     return
@@ -494,6 +510,15 @@ class Replication:
                     self.epochs.adopt(primary_epochs, end)
                 await ws.send_bytes(ACK.pack(end))
 
+    def carry_target(self) -> int:
+        """A follower's dequeue cursor target (pipeline.Carry): the primary's durable read time,
+        once everything its dispatch wrote before saying it is indexed here."""
+        store = self.broker.store
+        if store is not None:
+            while self._progress and self._progress[0][0] <= store.indexed:
+                self._carry_to = max(self._carry_to, self._progress.popleft()[1])
+        return self._carry_to
+
     # ------------------------------------------------------------------------------ views
     def role(self) -> str:
         return "primary" if self.serving else "follower"
@@ -508,6 +533,7 @@ class Replication:
         store = self.broker.store
         end = store.commit.end if store is not None else 0
         out["log_end"] = end
+        out["read_time_ms"] = store.read_time_ms if store is not None else 0
         now = time.monotonic()
         if self.serving:
             for m in out.get("members", []):

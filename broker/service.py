@@ -160,7 +160,8 @@ class Broker:
         return Pipeline(store, self.clock, lookahead_ms=self.cfg.lookahead_ms,
                         queue_batches=self.cfg.stage_queue_batches, release_capacity=self.cfg.release_capacity,
                         on_release=self._on_release, follower=follower,
-                        limit=self.repl.watermark if self.repl is not None and not follower else None)
+                        limit=self.repl.watermark if self.repl is not None and not follower else None,
+                        carry_to=self.repl.carry_target if self.repl is not None and follower else None)
 
     def _start_pusher(self, store: Store) -> None:
         assert self.groups is not None and self.committer is not None

@@ -40,7 +40,7 @@ from delayd.storage.readyqueue import UNIT as READY
 from delayd.storage.readyqueue import ReadyUnit, tag_hash
 from delayd.storage.readyqueues import ReadyQueues
 from delayd.storage.schedule import Schedule
-from delayd.storage.timerindex import TimerIndex
+from delayd.storage.timerindex import Entry, TimerIndex
 from delayd.storage.timerlog import NO_POS, UNIT, UNIT_SIZE, Unit, UnitMagic
 
 log = logging.getLogger("delayd.storage")
@@ -169,6 +169,48 @@ class Dispatch:
                 raise Insane(f"damaged TimerLog unit at {walker.pos} in the chain of slot {slot_time}")
         if pending:
             yield b"".join(pending)
+
+    def carry(self, until_ms: int, max_slots: int = 4096) -> int:
+        """A replication follower's dequeue side: move the cursor towards `until_ms` (at most
+        `max_slots` slots per call) without releasing anything. The primary releases; its
+        RELEASE, ROLL and CANCEL records reach this member through the log and mark the
+        messages of the slots passed delivered, rolled or cancelled here. A unit whose message
+        is still pending here (its primary's record not indexed yet, or never written because
+        the primary died first) moves to the slot at the new cursor, so a promoted follower
+        still holds it. Returns how many units moved.
+
+        Without this a follower's cursor stood where it started: the indexer blocks a unit more
+        than the wheel's span ahead of the cursor, so after a few roll windows it stopped
+        indexing, and a promoted follower first walked every slot since it started following.
+        Nothing changes until the moved units are written: a failed write (disk full) leaves
+        the cursor where it was, to be retried (a unit written twice is released once)."""
+        precision = self.timers.wheel.precision_ms
+        start = self.load_time_ms
+        end = min(until_ms - until_ms % precision, start + max_slots * precision)
+        if end <= start:
+            return 0
+        ops, msgs = batch.ops, self.msgs
+        moved: list[Entry] = []
+        for t in range(start, end, precision):
+            for rows in self._walk(t, 4096):
+                msgs.begin_runs(ops.seq_runs(rows, msgs.segment_entries, BATCH_GAP, UROW, 8 + 44))
+                try:
+                    kinds, _locs = ops.classify(rows, msgs.spans)
+                finally:
+                    msgs.end_batch()
+                for i, kind in enumerate(kinds):
+                    if kind != KIND_DROP:
+                        u = unit_of(rows, i)
+                        moved.append(Entry(end, int(u.magic), u.commit_offset, u.commit_size, u.topic_hash, u.seq))
+        if moved:
+            self.timers.add(moved, end)
+        for e in moved:
+            if not e.magic & _ROLL_BIT:
+                msgs.set_flags(e.seq, 0)  # due, out of the counted schedule: as a late message is
+        for t in range(start, end, precision):
+            self.schedule.take_slot(t)
+        self.load_time_ms = end
+        return len(moved)
 
     # ---------------------------------------------------------------------------------- dequeue-get-message
     def resolve(self, units: bytes, slot_time: int) -> Resolved:

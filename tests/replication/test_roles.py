@@ -36,6 +36,11 @@ def test_one_primary_followers_hold_its_bytes_and_answer_421(cluster: Cluster) -
     # Releases are RELEASE records: the followers' ready queues are the same, so are the counts.
     wait_until(lambda: all(c.get(n, "/v1/stats")[1]["delivered_total"] == 100 for n in c.members), 10, 0.05,
                "every member counts the 100 deliveries")
+    # The followers' dequeue cursors follow the primary's past the slots it dispatched (a cursor
+    # that stood still would stop the follower indexing after about two roll windows).
+    dispatched = int(time.time() * 1000)
+    wait_until(lambda: all(c.cluster(n)["read_time_ms"] >= dispatched for n in c.members), 10, 0.05,
+               "every member's dequeue cursor past the deliveries")
     url = c.members[p].url
     for f in followers:
         d = c.members[f]

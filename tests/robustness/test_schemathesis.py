@@ -84,15 +84,6 @@ def api_schema(live: DaemonProcess):
 OPERATIONS = [(method, path) for path, item in spec()["paths"].items() for method in item]
 
 
-def _issue_17(case: Any) -> bool:
-    """Cases that hit a defect issue 17 fixes (its engineer owns the fix): a tag over 255 UTF-8
-    bytes overflows the commit log's one-byte tag length and answers 500 today."""
-    body = case.body if isinstance(case.body, dict) else {}
-    messages = body.get("messages") if isinstance(body.get("messages"), list) else [body]
-    return any(isinstance(m, dict) and isinstance(m.get("tag"), str)
-               and len(m["tag"].encode("utf-8", "surrogatepass")) > 255 for m in messages)
-
-
 @pytest.mark.parametrize(("method", "path"), OPERATIONS, ids=[f"{m.upper()} {p}" for m, p in OPERATIONS])
 def test_operation(api_schema: Any, method: str, path: str) -> None:
     operation = api_schema[path][method]
@@ -102,8 +93,6 @@ def test_operation(api_schema: Any, method: str, path: str) -> None:
     @settings(max_examples=EXAMPLES_PER_OPERATION, deadline=None, derandomize=True, database=None,
               suppress_health_check=list(HealthCheck))
     def run(case: Any) -> None:
-        if _issue_17(case):
-            return
         case.call_and_validate(checks=CHECKS, timeout=40)
 
     run()

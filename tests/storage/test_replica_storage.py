@@ -259,3 +259,73 @@ def test_cut_makes_every_derived_file_agree_with_the_shorter_log(tmp_path: Path,
         assert u.released_at >= u.deliver_at
     a.close()
     ref.close()
+
+
+# ------------------------------------------------------------------------------------ a follower's cursor
+
+def follow(a: Store, b: Store, drv_b: Driver) -> int:
+    """One round of a follower: the primary's log shipped and indexed, then the cursor carried
+    to the primary's durable read time and checkpointed (as pipeline.Carry and the broker's
+    checkpoint loop do). Returns the units carried."""
+    replicate(a, b)
+    drv_b.enqueue()
+    moved = b.dispatch.carry(a.read_time_ms)
+    b.checkpoint(b.load_time_ms, {})
+    return moved
+
+
+def test_a_follower_cursor_follows_the_primary_and_keeps_indexing(tmp_path: Path, clock: list[int]) -> None:
+    # Three wheel spans of traffic (SMALL: 1,040 ms a span). A follower whose cursor stood still
+    # blocks once a unit would land a span past it, and stops indexing.
+    a = open_store(tmp_path / "a", clock)
+    b = open_store(tmp_path / "b", clock)
+    drv_a, drv_b = Driver(a, clock), Driver(b, clock)
+    start = b.load_time_ms
+    moved = 0
+    for i in range(35):
+        produce(a, clock[0], 6, clock[0] + 20, step=13)
+        produce(a, clock[0], 1, clock[0] + 500)  # beyond the roll window: a ROLL unit, rolled by a
+        seq = produce(a, clock[0], 1, clock[0] + 60)[0]
+        a.append_cancel(seq, TOPICS[0])
+        drain(drv_a, clock[0] + 100)
+        moved += follow(a, b, drv_b)
+        assert b.indexed == b.commit.end and drv_b.blocked == 0, f"round {i}: the follower stopped indexing"
+        assert b.load_time_ms == a.read_time_ms - a.read_time_ms % SMALL.precision_ms
+    assert b.load_time_ms - start >= 3 * b.timers.wheel.span_ms
+    # The primary had released, rolled or cancelled everything passed. Only a far message's
+    # unit may move: each member places a roll copy from its own clock when it indexes it.
+    assert moved <= 35
+    assert states(b) == states(a) and ready_units(b) == ready_units(a)
+    # Promoted, it releases nothing again and everything still due, once each.
+    drain(drv_a, clock[0] + 700)
+    before = set(delivered_seqs(b))
+    drain(drv_b, clock[0] + 700)
+    late = [s for s in delivered_seqs(b) if s not in before]
+    assert len(late) == len(set(late)) and sorted(before | set(late)) == sorted(delivered_seqs(a))
+    a.close()
+    b.close()
+
+
+def test_a_follower_carries_what_its_primary_never_released(tmp_path: Path, clock: list[int]) -> None:
+    # The primary dies with messages of the slots its follower's cursor passes unreleased (their
+    # RELEASE never written): the follower keeps them and, promoted, delivers each once.
+    a = open_store(tmp_path / "a", clock)
+    b = open_store(tmp_path / "b", clock)
+    drv_b = Driver(b, clock)
+    seqs = produce(a, T0, 10, T0 + 30, step=17)
+    gone = produce(a, T0, 2, T0 + 40)
+    for seq in gone:
+        a.append_cancel(seq, TOPICS[0])
+    replicate(a, b)
+    drv_b.enqueue()
+    assert b.dispatch.carry(T0 + 400) == len(seqs)
+    assert b.load_time_ms == T0 + 400
+    assert b.dispatch.carry(T0 + 400) == 0  # idempotent at the target
+    clock[0] = T0 + 300
+    assert drv_b.step() == []  # the moved units fire at the cursor, not before
+    clock[0] = T0 + 400
+    drv_b.step()
+    assert sorted(u.seq for u in drv_b.released) == seqs  # each once, none of the cancelled
+    assert all(u.deliver_at < u.released_at for u in drv_b.released)  # never early
+    a.close()
+    b.close()
