@@ -476,10 +476,10 @@ class DequeuePut(Stage):
     name = "dequeue_put"
 
     def __init__(self, store: Store, inbox: Link[DueBatch], clock: Clock, inflight: InFlight, capacity: int,
-                 on_release: Callable[[Released, int], None]) -> None:
+                 on_release: Callable[[Released, int], None], appended: asyncio.Event) -> None:
         super().__init__()
         self.dispatch = store.dispatch
-        self.inbox, self.clock, self.inflight = inbox, clock, inflight
+        self.inbox, self.clock, self.inflight, self.appended = inbox, clock, inflight, appended
         self.capacity, self.on_release = capacity, on_release
         self.heap = batch.ops.DueHeap()
 
@@ -524,6 +524,9 @@ class DequeuePut(Stage):
         self.items += released.count
         self.batches += 1
         if released.count:
+            # Its RELEASE records: enqueue-get steps over them now, so the indexed offset reaches
+            # the log's end (a listing waits for that) without waiting for the next produce.
+            self.appended.set()
             self.on_release(released, now)
         return True
 
@@ -624,7 +627,8 @@ class Pipeline:
         # Two producers: enqueue-put (late ones) and dequeue-get-message.
         self.dues: Link[DueBatch] = Link("dequeue_put", queue_batches * 4, producers=2)
         self.enqueue_get = EnqueueGet(store, self.records, self.appended, limit=limit)
-        self.dequeue_put = DequeuePut(store, self.dues, clock, self.inflight, release_capacity, on_release)
+        self.dequeue_put = DequeuePut(store, self.dues, clock, self.inflight, release_capacity, on_release,
+                                      self.appended)
         self.follower = follower
         if follower:
             # A replication follower runs the enqueue side only: it indexes the primary's records

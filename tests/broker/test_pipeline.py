@@ -96,3 +96,36 @@ async def test_stop_drains_what_the_stages_hold_instead_of_cancelling(tmp_path):
         assert len(p.records) == len(p.units) == len(p.dues) == 0
     finally:
         store.close()
+
+
+async def test_indexing_reaches_the_log_end_after_a_release(tmp_path):
+    """dequeue-put's RELEASE records wake enqueue-get, so the indexed offset reaches the end of
+    the log with nothing else appended (a listing waits for that: it took a second after every
+    delivery, and stayed so until the next produce)."""
+    from delayd.broker.clock import Clock
+    from delayd.broker.pipeline import Pipeline
+    from delayd.storage.commitlog import RecordType
+    from delayd.storage.recovery import open_store
+    from delayd.storage.store import NewMessage
+
+    clock = Clock()
+    store, _ = open_store(tmp_path / "data", clock_ms=clock.now_ms)
+    released: list[int] = []
+    p = Pipeline(store, clock, lookahead_ms=0, queue_batches=4, release_capacity=1000,
+                 on_release=lambda rel, _now: released.extend(u.seq for u in rel.units()))
+    p.start()
+    try:
+        now = clock.now_ms()
+        seqs = store.append_messages([NewMessage("t", b"due %d" % i, now) for i in range(3)], now)
+        p.appended.set()  # as produce does
+        deadline = asyncio.get_running_loop().time() + 10
+        while sorted(released) != seqs:
+            assert asyncio.get_running_loop().time() < deadline, "the three were not released"
+            await asyncio.sleep(0.01)
+        assert any(r.type == RecordType.RELEASE for r in store.commit.scan(0))
+        while store.indexed < store.commit.end:
+            assert asyncio.get_running_loop().time() < deadline, (store.indexed, store.commit.end)
+            await asyncio.sleep(0.01)
+    finally:
+        await p.stop(timeout_s=10)
+        store.close()
