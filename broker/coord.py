@@ -79,6 +79,7 @@ class Reason(Enum):
     PRIMARY_CHANGED = "primary_changed"  # a follower saw another primary (or none)
     LOST_PRIMARY = "lost_primary"  # the fence deadline passed without a newer successful renewal
     DEPOSED = "deposed"  # the primary key is gone, taken, or names a higher epoch
+    RESIGNED = "resigned"  # elected, it could not serve (its promotion failed) and gave the term up
     STOPPED = "stopped"
 
 
@@ -121,6 +122,7 @@ class CoordStats:
     declined_not_in_isr: int = 0  # reads that found no primary while this member may not be promoted
     lost_primary: int = 0
     deposed: int = 0
+    resigned: int = 0  # terms given up because the promotion failed
     etcd_errors: int = 0  # failed reads, watches and campaigns (each retried)
 
 
@@ -248,6 +250,7 @@ class Coordinator:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._etcd_ok = True
         self._stopping = False
+        self._campaign_after = 0.0  # fence-clock time before which this member does not campaign
 
     # -- the fence ----------------------------------------------------------------------------
 
@@ -364,6 +367,9 @@ class Coordinator:
                 self._etcd_back()
                 self._observe(state)
                 if self._term is None and state.primary is None:
+                    if (wait_s := self._campaign_after - self._clock()) > 0:
+                        await self._pause(wait_s)  # resigned: another member may take the shard first
+                        continue
                     if self._eligible(state.isr):
                         await self._campaign(state)
                         continue
@@ -504,6 +510,15 @@ class Coordinator:
             term.renewed_s = sent
             term.deadline_s = max(term.deadline_s, sent + self.fence_window_s(ttl))
             next_at = sent + self._renew_every_s
+
+    def resign(self, detail: str, hold_off_s: float) -> None:
+        """Give the current term up (stop acknowledging, hand the lease back) and do not campaign
+        for `hold_off_s`: a member elected that cannot serve (its promotion failed) would otherwise
+        keep renewing a lease it does nothing with, and the shard would have no primary for good."""
+        self._campaign_after = self._clock() + hold_off_s
+        if self._term is not None:
+            self.stats.resigned += 1
+            self._end_term(self._term, Reason.RESIGNED, detail)
 
     def _end_term(self, term: _Term, reason: Reason, detail: str) -> None:
         """Stop acknowledging now; the lease is never renewed again and is handed back."""

@@ -165,8 +165,12 @@ class Replication:
                 elif change.role is not Role.PRIMARY and self.broker.pipeline is not None \
                         and not self.broker.pipeline.follower:
                     await self._become_follower(change)
-            except Exception:
+            except Exception as e:
                 log.exception("replication: role change %s failed", change.reason.value)
+                if change.reason is Reason.ELECTED and not self.serving:
+                    # Elected but not serving: hand the term back, or the shard has no primary
+                    # for as long as this member keeps renewing its lease.
+                    self.coord.resign(f"promotion failed: {type(e).__name__}: {e}", self.cfg.replication_lease_ttl_ms / 1000)
 
     async def _become_primary(self, epoch: int) -> None:
         if not self.coord.may_acknowledge() or self.coord.epoch != epoch:

@@ -439,3 +439,25 @@ async def test_nobody_campaigns_while_the_isr_is_unreadable(short_shard: Shard) 
     await shard.etcd.delete(shard.keys.isr)  # an operator resets the set: a bootstrap again
     assert await shard.primary() is a
     assert (await a.read_isr()).members == ("a",)
+
+
+async def test_a_member_that_resigns_hands_the_shard_over_and_holds_off(shard: Shard) -> None:
+    # An elected member whose promotion failed gives its term up (Replication calls resign):
+    # another one takes the shard without waiting for the lease to run out, and the one that
+    # resigned does not campaign again before its hold-off has passed.
+    await shard.seed_isr("a", "b")
+    await shard.start("a", "b")
+    p = await shard.primary()
+    other = shard.members["b" if p.member == "a" else "a"]
+    resigned_at = fence_clock()
+    p.resign("promotion failed: a test", hold_off_s=3.0)
+    assert not p.may_acknowledge() and p.role is Role.FOLLOWER and p.stats.resigned == 1
+    assert await shard.primary(timeout_s=2.5) is other  # before the lease (2 s) plus the hold-off
+    assert [c.detail for n, c in shard.changes if n == p.member and c.reason is Reason.RESIGNED] == \
+        ["promotion failed: a test"]
+    await other.stop()
+    del shard.members[other.member]
+    assert await shard.primary() is p
+    elected = [c.at_s for n, c in shard.changes if n == p.member and c.reason is Reason.ELECTED]
+    assert elected[-1] >= resigned_at + 3.0, "campaigned during its hold-off"
+    shard.check_never_two_primaries()
