@@ -57,6 +57,7 @@ TICK_S = 0.05  # the in-sync set is checked this often
 GONE_HOLDING_S = 0.2  # a follower with no stream (or registration) holding a write up this long leaves
 PROMOTION_GRACE_S = 0.5  # ... but not before the followers had this long to find a new primary
 PROGRESS_HELD = 16  # a follower keeps this many of the primary's cursor moves waiting for its indexing
+PROGRESS_WAIT_S = 5.0  # ... and each at most this long
 IDLE_S = 1.0  # a follower that hears nothing (not even a ping) this long reconnects
 RETRY_S = 0.2  # a follower reconnects after this
 RETRY_AFTER_S = 1
@@ -86,7 +87,7 @@ class Replication:
         self.epochs: EpochFile | None = None
         self.primary_url: str | None = None
         self.primary_end = 0  # follower: the primary's log end as last heard
-        self._progress: deque[tuple[int, int]] = deque()  # follower: (log end, primary's read time) heard
+        self._progress: deque[tuple[float, int, int]] = deque()  # follower: (heard at, log end, primary's read time)
         self._carry_to = 0  # follower: the primary's read time, once indexed up to where it was said
         self.elections = 0
         self._changed = asyncio.Event()  # acks, ISR changes, role changes: waiters look again
@@ -487,7 +488,7 @@ class Replication:
                     elif d["type"] == "progress":
                         if len(self._progress) >= PROGRESS_HELD:  # indexing lags: wait for the newest
                             self._progress.pop()
-                        self._progress.append((int(d["end"]), int(d["read_time"])))
+                        self._progress.append((time.monotonic(), int(d["end"]), int(d["read_time"])))
                     continue
                 if msg.type != aiohttp.WSMsgType.BINARY:
                     return
@@ -516,11 +517,15 @@ class Replication:
 
     def carry_target(self) -> int:
         """A follower's dequeue cursor target (pipeline.Carry): the primary's durable read time,
-        once everything its dispatch wrote before saying it is indexed here."""
+        once everything its dispatch wrote before saying it is indexed here, or after
+        PROGRESS_WAIT_S in any case: carrying early is safe (what is still pending moves along),
+        only more work, and an indexer blocked on a cursor that stood still for days (a follower
+        down that long) needs the cursor to move first."""
         store = self.broker.store
         if store is not None:
-            while self._progress and self._progress[0][0] <= store.indexed:
-                self._carry_to = max(self._carry_to, self._progress.popleft()[1])
+            waited = time.monotonic() - PROGRESS_WAIT_S
+            while self._progress and (self._progress[0][1] <= store.indexed or self._progress[0][0] <= waited):
+                self._carry_to = max(self._carry_to, self._progress.popleft()[2])
         return self._carry_to
 
     # ------------------------------------------------------------------------------ views

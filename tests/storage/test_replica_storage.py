@@ -329,3 +329,28 @@ def test_a_follower_carries_what_its_primary_never_released(tmp_path: Path, cloc
     assert all(u.deliver_at < u.released_at for u in drv_b.released)  # never early
     a.close()
     b.close()
+
+
+def test_a_follower_back_after_more_than_a_wheel_span_catches_up(tmp_path: Path, clock: list[int]) -> None:
+    # A follower that heard nothing for three wheel spans: indexing what it missed blocks (units
+    # more than a span past its cursor), so its cursor must move before indexing completes
+    # (Replication.carry_target stops waiting for the indexer after a while).
+    a = open_store(tmp_path / "a", clock)
+    b = open_store(tmp_path / "b", clock)
+    drv_a, drv_b = Driver(a, clock), Driver(b, clock)
+    for _ in range(30):
+        produce(a, clock[0], 5, clock[0] + 30, step=11)
+        drain(drv_a, clock[0] + 100)
+    replicate(a, b)
+    drv_b.enqueue()
+    assert drv_b.blocked and b.indexed < b.commit.end
+    for _ in range(50):
+        if b.indexed == b.commit.end:
+            break
+        b.dispatch.carry(a.read_time_ms)
+        b.checkpoint(b.load_time_ms, {})
+        drv_b.enqueue()
+    assert b.indexed == b.commit.end, "the follower never caught up"
+    assert states(b) == states(a) and ready_units(b) == ready_units(a)
+    a.close()
+    b.close()
