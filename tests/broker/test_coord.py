@@ -26,6 +26,7 @@ import pytest
 from delayd.broker.config import ReplicationConfig
 from delayd.broker.coord import (
     CLOCK_RATE_DRIFT,
+    RENEWALS_PER_WINDOW,
     Coordinator,
     Reason,
     Role,
@@ -392,7 +393,12 @@ async def test_sigstop_longer_than_the_lease_then_sigcont(etcd: EtcdProcess, sho
         frozen_at = fence_clock()
         await shard.primary()  # b, once x's lease ran out at etcd
         assert b.epoch == x_epoch + 1
-        assert fence_clock() - frozen_at >= SHORT_TTL_MS / 1000 * (1 - CLOCK_RATE_DRIFT)
+        # Not before x's lease ran out at etcd: its last renewal went at most one renewal
+        # interval before the freeze, and etcd keeps the lease a TTL after that.
+        renew_every_s = b.fence_window_s(SHORT_TTL_MS // 1000) / RENEWALS_PER_WINDOW
+        assert fence_clock() - frozen_at >= SHORT_TTL_MS / 1000 * (1 - CLOCK_RATE_DRIFT) - renew_every_s
+        # Frozen longer than the lease in any case (b may have been elected a little sooner).
+        await until(lambda: fence_clock() - frozen_at > SHORT_TTL_MS / 1000 + 0.05, what="a freeze past the lease")
         seen = len(_lines(out))
         os.kill(proc.pid, signal.SIGCONT)
         woke = await until(lambda: next((d for d in _lines(out)[seen:] if "check" in d), None),
