@@ -150,7 +150,8 @@ async def serve(cfg: Config, clock: Clock | None = None) -> int:
     code = 0
     while not stop.is_set():
         try:
-            await asyncio.wait_for(stop.wait(), 0.5)
+            async with asyncio.timeout(0.5):
+                await stop.wait()
         except TimeoutError:
             pass
         failed = broker.failure()

@@ -468,7 +468,8 @@ class Coordinator:
 
     async def _pause(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), seconds)
+            async with asyncio.timeout(seconds):
+                await self._wake.wait()
         self._wake.clear()
 
     def _etcd_failed(self, e: CoordinationError) -> None:

@@ -134,7 +134,8 @@ class Link(Generic[B]):
             return
         self._not_empty.clear()
         try:
-            await asyncio.wait_for(self._not_empty.wait(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await self._not_empty.wait()
         except TimeoutError:
             pass
 
@@ -217,7 +218,8 @@ class Stage:
         """Wait `seconds` (WAITING); True when interrupted because the pipeline is stopping."""
         state, self.state = self.state, StageState.WAITING
         try:
-            await asyncio.wait_for(self.stopping.wait(), seconds)
+            async with asyncio.timeout(seconds):
+                await self.stopping.wait()
             return True
         except TimeoutError:
             return False

@@ -246,7 +246,8 @@ class _Worker:
 
     async def _wait(self, timeout_s: float) -> None:
         try:
-            await asyncio.wait_for(self.wake.wait(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await self.wake.wait()
         except TimeoutError:
             pass
 

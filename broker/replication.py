@@ -264,7 +264,8 @@ class Replication:
                 continue
             self._changed.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), TICK_S)
+                async with asyncio.timeout(TICK_S):
+                    await self._changed.wait()
 
     def _acked(self, member: str) -> int:
         f = self.followers.get(member)
@@ -388,7 +389,8 @@ class Replication:
                     continue
                 self._grew.clear()
                 try:
-                    await asyncio.wait_for(self._grew.wait(), PING_S)
+                    async with asyncio.timeout(PING_S):
+                        await self._grew.wait()
                 except TimeoutError:
                     await ws.send_str(json.dumps({"type": "ping", "epoch": epoch, "end": store.commit.end}))
         except (ConnectionError, RuntimeError) as e:
@@ -414,12 +416,21 @@ class Replication:
                         self.broker.pipeline.appended.set()  # the watermark moved
 
     # ------------------------------------------------------------------------------ follower
+    def _superseded(self) -> bool:
+        """A follow task that is no longer the current one (cancelled for a new primary) ends at
+        its next check, even if it missed its cancellation: two streams into one log would
+        each see the other's frames as gaps, and two cuts would race for the data directory."""
+        return asyncio.current_task() is not self._follow_task
+
     async def _follow(self) -> None:
-        while True:
+        while not self._superseded():
             if self.primary_url is None:
                 self._primary_known.clear()
+                # asyncio.timeout, not wait_for: Python 3.11's wait_for drops a cancellation that
+                # arrives as the event is set (as _on_change does both), and this task lived on.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._primary_known.wait(), 1.0)
+                    async with asyncio.timeout(1.0):
+                        await self._primary_known.wait()
                 continue
             try:
                 await self._wait_ready()
@@ -453,7 +464,7 @@ class Replication:
                 if msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.CLOSING,
                                 aiohttp.WSMsgType.ERROR):
                     return
-                if self.serving or broker.store is not store or url != self.primary_url:
+                if self.serving or broker.store is not store or url != self.primary_url or self._superseded():
                     return
                 if msg.type == aiohttp.WSMsgType.TEXT:
                     d = json.loads(msg.data)
@@ -464,7 +475,7 @@ class Replication:
                     if d["type"] == "truncate":
                         await ws.close()
                         to = int(d["to"])
-                        if to < store.commit.end and broker.store is store:
+                        if to < store.commit.end and broker.store is store and not self._restarting:
                             log.warning("replication: cutting the log back from %d to %d, where the primary's "
                                         "history and this member's part", store.commit.end, to)
                             self._restarting = True

@@ -535,7 +535,8 @@ class Broker:
             if wake is not None:
                 left = min(left, max(0.001, (wake - self.clock.now_ms()) / 1000))
             try:
-                await asyncio.wait_for(ev.wait(), left)
+                async with asyncio.timeout(left):
+                    await ev.wait()
             except TimeoutError:
                 pass
         return got

@@ -175,7 +175,8 @@ class AsyncConsumer:
                 pause = min(ERROR_PAUSE_S[1], ERROR_PAUSE_S[0] * 2 ** (failures - 1))
                 log.warning("pull %s/%s failed (%s); retrying in %.1fs", self.topic, self.group, e, pause)
                 try:
-                    await asyncio.wait_for(self._stop.wait(), pause)
+                    async with asyncio.timeout(pause):
+                        await self._stop.wait()
                 except TimeoutError:
                     pass
                 continue
