@@ -1,6 +1,7 @@
-"""A follower's bookkeeping: its follow task, and its dequeue cursor target (Replication.carry_target): the primary's read time once the
-follower has indexed up to the log end the primary gave with it, or once it waited
-PROGRESS_WAIT_S (an indexer blocked on a cursor that stood still must not wait for ever)."""
+"""A follower's bookkeeping: one follow task at a time, and its dequeue cursor target
+(Replication.carry_target): the primary's read time once the follower has indexed up to the log
+end the primary gave with it, or once it waited PROGRESS_WAIT_S (an indexer blocked on a cursor
+that stood still must not wait for ever)."""
 
 from __future__ import annotations
 
