@@ -34,10 +34,17 @@ def ready_entries(d: DaemonProcess) -> list[str]:
 
 
 def assert_few_files_open(d: DaemonProcess) -> None:
-    files = d.open_files()
-    ready = [f for f in files if f.startswith("ready/")]
-    assert len(ready) <= READY_OPEN, f"ready queues must not stay open, one per topic: {ready}"
-    assert len(files) < 48, files
+    """At most `ready_queue_open_files` ready queues open, and few files in all. Polled: a
+    checkpoint holds duplicates of the descriptors it fsyncs until its worker thread is done,
+    including those of queues the LRU closed meanwhile (seen: 23 ready files for an instant)."""
+    def few() -> bool:
+        files = d.open_files()
+        return len([f for f in files if f.startswith("ready/")]) <= READY_OPEN and len(files) < 48
+
+    try:
+        wait_until(few, 10, 0.02, "few files open")
+    except TimeoutError:
+        raise AssertionError(f"ready queues must not stay open, one per topic: {d.open_files()}") from None
 
 
 def test_more_topics_than_the_descriptor_limit(tmp_path: Path) -> None:
