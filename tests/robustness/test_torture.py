@@ -1,7 +1,7 @@
 """kill -9 torture: the real daemon, killed at random moments under concurrent produce (delays
 0-1.5 s), cancel, pull, ack and nack, restarted, and checked after every restart.
 
-Cycles: DELAYD_TORTURE_CYCLES (default 20, about a minute; `make torture` runs 500). The seed is
+Cycles: DELAYD_TORTURE_CYCLES (default 10, about 20 s; `make torture` runs 500). The seed is
 DELAYD_TORTURE_SEED; thread timing still varies from run to run, so a failure message carries
 the cycle, the message id and the daemon log.
 
@@ -41,7 +41,7 @@ import pytest
 from tests.integration.wire import schedule_matches_scheduled
 from tests.support.daemon import DaemonProcess, wait_until
 
-CYCLES = int(os.environ.get("DELAYD_TORTURE_CYCLES", "20"))
+CYCLES = int(os.environ.get("DELAYD_TORTURE_CYCLES", "10"))
 SEED = int(os.environ.get("DELAYD_TORTURE_SEED", "20261122"))
 TOPIC, GROUP = "torture", "g"
 FAR_TOPIC, FAR = "torture.far", 20  # pending all along: rolled, in the hourly schedule
