@@ -387,13 +387,14 @@ class Carry(Stage):
 
     async def run(self) -> None:
         while not self.stopping.is_set():
-            if self.target() <= self.dispatch.load_time_ms:
+            target = self.target()
+            if target <= self.dispatch.load_time_ms:
                 if await self.sleep(CARRY_POLL_S):
                     return
                 continue
             self.state = StageState.RUNNING
             try:
-                self.items += self.dispatch.carry(self.target())
+                self.items += self.dispatch.carry(target)
                 self.batches += 1
             except TRANSIENT as e:
                 if not transient(e):

@@ -16,7 +16,7 @@ and epoch file), `truncate` (the follower's log goes past where its last epoch e
 primary's history: cut back to `to` and reconnect), `ping` (idle; the primary's log end),
 `progress` (the primary's durable dequeue cursor `read_time` moved: every slot before it was
 dispatched, and what that wrote — RELEASE and ROLL records — lies below `end`; the follower's
-cursor follows it once it has indexed up to `end`: pipeline.Carry).
+cursor follows it once it has indexed up to `end`, or after PROGRESS_WAIT_S: pipeline.Carry).
 
 Coordination (election, fencing, the ISR in etcd) is broker.coord's; this module reacts to its
 RoleChange events: `elected` → write the epoch boundary and serve; anything else while serving →

@@ -189,15 +189,11 @@ class Dispatch:
         end = min(until_ms - until_ms % precision, start + max_slots * precision)
         if end <= start:
             return 0
-        ops, msgs = batch.ops, self.msgs
+        msgs = self.msgs
         moved: list[Entry] = []
         for t in range(start, end, precision):
             for rows in self._walk(t, 4096):
-                msgs.begin_runs(ops.seq_runs(rows, msgs.segment_entries, BATCH_GAP, UROW, 8 + 44))
-                try:
-                    kinds, _locs = ops.classify(rows, msgs.spans)
-                finally:
-                    msgs.end_batch()
+                kinds, _locs = self._classify(rows)
                 for i, kind in enumerate(kinds):
                     if kind != KIND_DROP:
                         u = unit_of(rows, i)
@@ -213,18 +209,23 @@ class Dispatch:
         return len(moved)
 
     # ---------------------------------------------------------------------------------- dequeue-get-message
+    def _classify(self, units: bytes) -> tuple[bytes, bytes]:
+        """The compiled core's classify of UnitRows, the message-table entries read a run at a time."""
+        msgs = self.msgs
+        msgs.begin_runs(batch.ops.seq_runs(units, msgs.segment_entries, BATCH_GAP, UROW, 8 + 44))
+        try:
+            return batch.ops.classify(units, msgs.spans)
+        finally:
+            msgs.end_batch()
+
     def resolve(self, units: bytes, slot_time: int) -> Resolved:
         """What to do with a chunk of one slot's UnitRows: the message-table entries with one
         read per run of ids, the records with one read per stretch of the log (a burst of one
         second is a few long runs, not a million small reads), and per message the compiled
         core's classify and dues. A record that does not decode is reported in `unreadable`, so
         one damaged message does not stop the others."""
-        ops, msgs = batch.ops, self.msgs
-        msgs.begin_runs(ops.seq_runs(units, msgs.segment_entries, BATCH_GAP, UROW, 8 + 44))
-        try:
-            kinds, locs = ops.classify(units, msgs.spans)
-        finally:
-            msgs.end_batch()
+        ops = batch.ops
+        kinds, locs = self._classify(units)
         out = Resolved(dropped=kinds.count(KIND_DROP))
         if len(kinds) == out.dropped:
             return out
