@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import collections
 import heapq
 import itertools
 import secrets
@@ -39,6 +40,8 @@ from delayd.storage.store import Store
 TAKE_READ = 1024  # ready units read per step of a take
 _PULL_TAIL = struct.Struct("<QII")  # what a PullRow adds to its ready unit: index, attempt, token number
 _PULL_INDEX = struct.Struct(f"<{UNIT_SIZE}xQ8x")  # a PullRow's index
+_PULL_INDEX_AT = UNIT_SIZE // 8  # ... as the u64 it is of a PullRow's (PROW // 8 of them)
+assert PROW % 8 == 0 and UNIT_SIZE % 8 == 0 and _PULL_INDEX.size == PROW
 _UNIT_SEQ = struct.Struct("<32xQ")  # a ready unit's seq
 _NOT_CANONICAL = 0xFFFFFFFF  # parse_receipts' token number of a receipt it leaves to parse_receipt
 BACKOFF_BASE_MS = 1000
@@ -128,6 +131,12 @@ class Group:
     def mark_done_many(self, indexes: Iterable[int]) -> None:
         """Acked or dead-lettered: the floor moves past every index settled below it."""
         floor, done, attempts = self.floor, self.done, self.attempts
+        if isinstance(indexes, list) and indexes and not attempts and min(indexes) == floor \
+                and max(indexes) == floor + len(indexes) - 1 and len(set(indexes)) == len(indexes):
+            floor += len(indexes)  # exactly [floor, floor + n): a consumer settling in order
+            if done:
+                done.difference_update(indexes)
+            indexes = ()
         for i in indexes:
             if i < floor:
                 self.revived.discard(i)
@@ -389,7 +398,7 @@ class Groups:
                     n += len(got) // PROW
             if fresh:
                 new = b"".join(fresh)
-                self._lease(g, self._token(), deadline, 1, [i for (i,) in _PULL_INDEX.iter_unpack(new)])
+                self._lease(g, self._token(), deadline, 1, array("Q", new)[_PULL_INDEX_AT::PROW // 8].tolist())
                 taken.tokens.append(g.leases[_PULL_INDEX.unpack_from(new)[0]].token)
                 rows.extend(fresh)
         if skipped:
@@ -452,8 +461,17 @@ class Groups:
         lease.out -= 1
 
     def ack(self, g: Group, receipts: list[str]) -> tuple[int, list[str]]:
+        """(acked, stale receipts); what was acked is done for the group, in one GROUP record."""
+        now = self.now_ms()
+        whole = self._ack_take(g, receipts, now)
+        if whole is not None:
+            return whole, []
+        return self._ack_each(g, receipts, now)
+
+    def _ack_each(self, g: Group, receipts: list[str], now: int) -> tuple[int, list[str]]:
+        """`ack`, receipt by receipt: any mix of leases, stale and malformed receipts."""
         acked, stale = [], []
-        for r, i, lease in self._leased(g, receipts, self.now_ms()):
+        for r, i, lease in self._leased(g, receipts, now):
             if lease is None:
                 stale.append(r)
                 continue
@@ -464,6 +482,31 @@ class Groups:
             g.acked_total += len(acked)
             self.log_event(g.topic, g.name, {"op": "ack", "idx": acked})
         return len(acked), stale
+
+    def _ack_take(self, g: Group, receipts: list[str], now: int) -> int | None:
+        """`ack` of receipts that all hold one live lease, each index once (a consumer acking what
+        one pull gave it: the common case), without a step per receipt in Python; None when
+        they do not, and `ack` decides receipt by receipt."""
+        indexes, token_ids, tokens = batch.ops.parse_receipts(receipts)
+        if len(tokens) != 1 or not receipts:
+            return None
+        idx = array("Q", indexes)
+        if array("I", token_ids).count(0) != len(idx):  # a receipt batch_core left to parse_receipt
+            return None
+        leases = g.leases
+        got = list(map(leases.get, idx))
+        lease = got[0]
+        if lease is None or lease.token != tokens[0] or lease.deadline_ms <= now or got.count(lease) != len(got):
+            return None
+        if len(set(idx)) != len(idx):
+            return None  # an index twice: the second is stale
+        collections.deque(map(leases.pop, idx), 0)
+        lease.out -= len(idx)
+        acked = idx.tolist()
+        g.mark_done_many(acked)
+        g.acked_total += len(acked)
+        self.log_event(g.topic, g.name, {"op": "ack", "idx": acked})
+        return len(acked)
 
     def nack(self, g: Group, receipts: list[str], delay_ms: int | None,
              reason: str = "nacked") -> tuple[int, list[str]]:

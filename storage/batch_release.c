@@ -22,11 +22,6 @@ static inline int due_less(const uint8_t *a, const uint8_t *b) {
     return memcmp(a, b, DROW) < 0;  /* a total order: the same rows come out the same way */
 }
 
-static void heap_swap(uint8_t *a, uint8_t *b) {
-    uint8_t t[DROW];
-    memcpy(t, a, DROW); memcpy(a, b, DROW); memcpy(b, t, DROW);
-}
-
 static void DueHeap_dealloc(DueHeap *h) {
     PyMem_Free(h->rows);
     Py_TYPE(h)->tp_free((PyObject *)h);
@@ -47,14 +42,16 @@ static PyObject *DueHeap_push(DueHeap *h, PyObject *arg) {
         h->cap = cap;
     }
     for (Py_ssize_t k = 0; k < add; k++) {
+        /* The new row rises through a hole: one copy per level, not a swap. */
+        const uint8_t *row = (const uint8_t *)b.view.buf + k * DROW;
         Py_ssize_t i = h->n++;
-        memcpy(h->rows + i * DROW, (const uint8_t *)b.view.buf + k * DROW, DROW);
         while (i > 0) {
             Py_ssize_t parent = (i - 1) / 2;
-            if (!due_less(h->rows + i * DROW, h->rows + parent * DROW)) break;
-            heap_swap(h->rows + i * DROW, h->rows + parent * DROW);
+            if (!due_less(row, h->rows + parent * DROW)) break;
+            memcpy(h->rows + i * DROW, h->rows + parent * DROW, DROW);
             i = parent;
         }
+        memcpy(h->rows + i * DROW, row, DROW);
     }
     buf_release(&b);
     Py_RETURN_NONE;
@@ -74,16 +71,24 @@ static PyObject *DueHeap_pop(DueHeap *h, PyObject *args) {
         got++;
         h->n--;
         if (h->n == 0) break;
-        memcpy(h->rows, h->rows + h->n * DROW, DROW);
-        Py_ssize_t i = 0;
+        /* Floyd's pop: the hole at the root sinks along the smaller children to a leaf (one
+         * comparison a level), then the last row rises from there (rarely far). */
+        const uint8_t *last = h->rows + h->n * DROW;
+        Py_ssize_t i = 0, n = h->n;
         for (;;) {
-            Py_ssize_t l = 2 * i + 1, r = l + 1, m = i;
-            if (l < h->n && due_less(h->rows + l * DROW, h->rows + m * DROW)) m = l;
-            if (r < h->n && due_less(h->rows + r * DROW, h->rows + m * DROW)) m = r;
-            if (m == i) break;
-            heap_swap(h->rows + i * DROW, h->rows + m * DROW);
-            i = m;
+            Py_ssize_t l = 2 * i + 1;
+            if (l >= n) break;
+            if (l + 1 < n && due_less(h->rows + (l + 1) * DROW, h->rows + l * DROW)) l++;
+            memcpy(h->rows + i * DROW, h->rows + l * DROW, DROW);
+            i = l;
         }
+        while (i > 0) {
+            Py_ssize_t parent = (i - 1) / 2;
+            if (!due_less(last, h->rows + parent * DROW)) break;
+            memcpy(h->rows + i * DROW, h->rows + parent * DROW, DROW);
+            i = parent;
+        }
+        if (h->rows + i * DROW != last) memcpy(h->rows + i * DROW, last, DROW);
     }
     return out_bytes(&o);
 }

@@ -47,6 +47,7 @@ log = logging.getLogger("delayd.storage")
 
 READ_SPAN = 1 << 20  # read_many reads at most this much of the log at once
 READ_GAP = 64 * 1024  # and bridges gaps up to this between records it needs
+_WHOLE = 1 << 62  # a mapped segment is one stretch, whatever the gaps
 _STRETCH = struct.Struct("<qq")  # a stretch of the log to read: start, end
 _SCHEDULED, _DELIVERED = MessageState.SCHEDULED, MessageState.DELIVERED
 _ROLL_BIT = int(UnitMagic.ROLL)
@@ -260,7 +261,12 @@ class Dispatch:
         `encode_pull` take. A stretch in a deleted segment is not read (the core then names its
         records, and they are read one by one)."""
         files = self.commit.files
-        plan = batch.ops.read_plan(locs, stride, array("q", files.bases).tobytes(), READ_SPAN, READ_GAP)
+        bases = array("q", files.bases).tobytes()
+        if batch.ops is not batch:  # the compiled core takes views; the reference, bytes
+            views = self._view_runs(locs, stride, bases)
+            if views is not None:
+                return views
+        plan = batch.ops.read_plan(locs, stride, bases, READ_SPAN, READ_GAP)
         out: list[tuple[int, bytes]] = []
         for start, end in _STRETCH.iter_unpack(plan):
             try:
@@ -269,6 +275,25 @@ class Dispatch:
                 raise
             except StorageError:
                 pass  # a deleted segment: its records are named one by one
+        return out
+
+    def _view_runs(self, locs: bytes, stride: int, bases: bytes) -> list[tuple[int, bytes]] | None:
+        """read_runs without a read: one view per segment of its mapping (SegmentedFile.view),
+        covering the records at `locs`, so a pull of records scattered over the log (a burst
+        due in one second, released in deliver_at order, not log order) costs no syscall and
+        no copy. None when a segment cannot be mapped now: then read_runs reads."""
+        files = self.commit.files
+        out: list[tuple[int, bytes]] = []
+        for start, end in _STRETCH.iter_unpack(batch.ops.read_plan(locs, stride, bases, _WHOLE, _WHOLE)):
+            try:
+                view = files.view(start, end)
+            except OutOfDescriptors:
+                raise
+            except StorageError:
+                continue  # a deleted segment: its records are named one by one
+            if view is None:
+                return None
+            out.append((start, view))  # type: ignore[arg-type]  # a buffer, as the core takes
         return out
 
     def read_many(self, locations: list[tuple[int, int]]) -> list[Record | StorageError]:
@@ -337,7 +362,7 @@ class Dispatch:
         delivered) and the rest is untouched: a retry of the whole batch releases each once."""
         ops, msgs = batch.ops, self.msgs
         out = Released()
-        msgs.begin_runs(ops.seq_runs(dues, msgs.segment_entries, BATCH_GAP, DROW, 8))
+        msgs.begin_runs(ops.seq_runs(dues, msgs.segment_entries, BATCH_GAP, DROW, 8), mapped=True)
         try:
             for th, (units, seqs, keyed) in ops.release_rows(dues, msgs.spans, now_ms).items():
                 topic = self._topic(th, units)

@@ -29,7 +29,13 @@ Segment header (format version 2; see storage.segments for the shared layout):
 
 Hot paths (enqueue-put, dequeue) bracket their work in `begin_batch`/`end_batch`: the entries of
 a batch are read with one pread per run of nearby seqs and written back with one pwrite, instead
-of a syscall per message.
+of a syscall per message. A release batch goes in deliver_at order, so its seqs are scattered
+over the table (a burst due in one second: a run per message); it asks for `mapped` runs: the
+batch then works on a shared read-write mapping of the segment, no read and no write-back, its
+pages made durable by the same fsync as the pwrites. Only entries the file already holds are
+mapped (their blocks are allocated: a store through the mapping never needs disk space, which
+on a full disk would be a SIGBUS rather than an error); runs past the file's end are read and
+written as before.
 
 The table is derived data: recovery rebuilds what the checkpoint does not cover from the
 commit log (MESSAGE/ROLL/CANCEL records) and the ready queues (deliveries).
@@ -42,6 +48,7 @@ from __future__ import annotations
 
 import bisect
 import enum
+import mmap
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -75,16 +82,18 @@ MSGTABLE_FORMAT = SegmentFormat("message table", b"DLMSGTB\xff", MSGTABLE_VERSIO
 _STATES = tuple(MessageState)  # state byte -> MessageState without the (slow) Enum call
 _UNKNOWN_ENTRY = (MessageState.UNKNOWN, -1, 0, 0)
 BATCH_GAP = 256  # seqs this close share one read in a batch
+MAP_KEEP = 2  # segments kept mapped for begin_runs(mapped=True), least recently used dropped
 
 
 class _Span:
     """Entries [first, first + len(buf) // 16) of one segment, held in memory by a batch; `base` is
     the seq of its first entry (the compiled batch core finds entries by it)."""
-    __slots__ = ("seg", "first", "base", "buf", "valid", "lo", "hi")
+    __slots__ = ("seg", "first", "base", "buf", "valid", "lo", "hi", "mapped")
 
     def __init__(self, seg: int, first: int, base: int, buf: bytearray, valid: int) -> None:
         self.seg, self.first, self.base, self.buf, self.valid = seg, first, base, buf, valid
         self.lo, self.hi = len(buf), 0  # changed bytes [lo, hi)
+        self.mapped = False  # buf is a view of the segment's mapping: nothing to write back
 
     def touch(self, lo: int, hi: int) -> None:
         if lo < self.lo:
@@ -110,12 +119,13 @@ class MessageTable:
         self._batch = False  # between begin_batch and end_batch
         self._spans: list[_Span] = []  # the batch's copies, sorted by seq
         self._bases: list[int] = []  # their first seqs
+        self._maps: dict[int, mmap.mmap] = {}  # segment -> shared mapping of the entries it held then
 
     def _path(self, segment: int) -> Path:
         return self.directory / segment_name(segment)
 
     # -- batches: the same reads and writes, a few syscalls for many entries ------------------
-    def begin_batch(self, seqs: Iterable[int]) -> None:
+    def begin_batch(self, seqs: Iterable[int], mapped: bool = False) -> None:
         """Read the entries of `seqs` with one pread per run of nearby seqs. Until `end_batch`,
         get/set/set_state/flags/set_flags of seqs the runs cover work on the copy in memory (others
         go to the file as usual); `end_batch` writes the changed bytes back, one pwrite per run."""
@@ -130,14 +140,25 @@ class MessageTable:
                 j += 1
             runs.append((seg, ordered[i] % per, ordered[j - 1] % per))
             i = j
-        self.begin_runs(runs)
+        self.begin_runs(runs, mapped)
 
-    def begin_runs(self, runs: Iterable[tuple[int, int, int]]) -> None:
+    def begin_runs(self, runs: Iterable[tuple[int, int, int]], mapped: bool = False) -> None:
         """begin_batch for runs already cut — (segment, first index, last index), sorted, as the
-        compiled batch core's `seq_runs` cuts a batch's seqs — and `spans` hands the copies to it."""
+        compiled batch core's `seq_runs` cuts a batch's seqs — and `spans` hands the copies to it.
+        `mapped`: a segment whose runs the file holds wholly is one span over its mapping."""
         self.end_batch()
         per = self.segment_entries
+        runs = list(runs)
+        whole: dict[int, _Span | None] = {}
+        if mapped and not self.readonly:
+            for seg in {r[0] for r in runs}:
+                whole[seg] = self._mapped_span(seg, max(r[2] for r in runs if r[0] == seg))
         for seg, lo, hi in runs:
+            span = whole.get(seg)
+            if span is not None:
+                if not self._spans or self._spans[-1] is not span:
+                    self._spans.append(span)
+                continue
             fd = self._open(seg, create=False)
             if fd is None:
                 continue
@@ -147,6 +168,32 @@ class MessageTable:
             self._spans.append(_Span(seg, lo, seg * per + lo, buf, len(raw)))
         self._bases = [s.base for s in self._spans]
         self._batch = True
+
+    def _mapped_span(self, seg: int, last: int) -> _Span | None:
+        """A span over the mapping of segment `seg`, when the file holds entry `last` (mapped
+        again if it has grown since); None when it does not, or it cannot be mapped now."""
+        mm = self._maps.pop(seg, None)
+        hdr = self._hdr.get(seg, 0)
+        if mm is None or len(mm) < hdr + (last + 1) * ENTRY_SIZE:
+            fd = self._open(seg, create=False)
+            if fd is None:
+                return None
+            hdr = self._hdr[seg]
+            size = os.fstat(fd).st_size
+            n = min((size - hdr) // ENTRY_SIZE, self.segment_entries)
+            if n <= last:
+                return None
+            try:
+                mm = mmap.mmap(fd, hdr + n * ENTRY_SIZE, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            except (OSError, ValueError):
+                return None
+            while len(self._maps) >= MAP_KEEP:
+                del self._maps[next(iter(self._maps))]
+        self._maps[seg] = mm
+        view = memoryview(mm)[hdr:]
+        span = _Span(seg, 0, seg * self.segment_entries, view, len(view))  # type: ignore[arg-type]
+        span.mapped = True
+        return span
 
     @property
     def spans(self) -> list[_Span]:
@@ -165,7 +212,9 @@ class MessageTable:
     def end_batch(self) -> None:
         try:
             for span in self._spans:
-                if span.lo < span.hi:
+                if span.lo < span.hi and span.mapped:
+                    self._dirty.add(span.seg)  # stored through the mapping: the fsync covers it
+                elif span.lo < span.hi:
                     os.pwrite(self._fd(span.seg), span.buf[span.lo:span.hi],
                               self._hdr[span.seg] + span.first * ENTRY_SIZE + span.lo)
                     self._dirty.add(span.seg)
@@ -377,6 +426,7 @@ class MessageTable:
         return None
 
     def delete_segment(self, segment: int) -> int:
+        self._maps.pop(segment, None)
         fd = self._fds.pop(segment, None)
         if fd is not None:
             os.close(fd)
@@ -393,6 +443,7 @@ class MessageTable:
         return sum(self.delete_segment(seg) for seg in self.segments() if (seg + 1) * self.segment_entries <= seq)
 
     def reset(self) -> None:
+        self._maps.clear()
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
@@ -407,6 +458,7 @@ class MessageTable:
     def close(self) -> None:
         if not self.readonly:
             self.flush()
+        self._maps.clear()
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()

@@ -32,6 +32,7 @@ from __future__ import annotations
 import bisect
 import errno
 import logging
+import mmap
 import os
 import struct
 import zlib
@@ -58,6 +59,7 @@ SEGMENT_HEADER_SIZE = SEGMENT_HEADER.size
 assert SEGMENT_HEADER_SIZE == 32
 _CRC_SPAN = 28  # the header's crc covers the bytes before it
 NO_HEADER_VERSION = 1  # a segment without a header is version 1
+MAP_KEEP = 4  # segments a SegmentedFile keeps mapped for view()
 DESCRIPTOR_ERRNOS = (errno.EMFILE, errno.ENFILE)
 
 
@@ -249,6 +251,7 @@ class SegmentedFile:
         self._hdr: dict[int, int] = {}  # base -> header bytes before its data (0: version 1)
         self._sizes: dict[int, int] = {}  # data bytes of closed segments
         self._read_fds: dict[int, int] = {}
+        self._maps: dict[int, mmap.mmap] = {}  # segment base -> read-only mapping, least recently used first
         self._dirty: set[int] = set()
         for b in self._bases:
             if fmt is None:
@@ -466,6 +469,7 @@ class SegmentedFile:
             self._sizes.pop(base, None)
             self._close_reader(base)
             self._write_fd = open_fd(self._path(base), os.O_RDWR)
+        self._maps.pop(base, None)  # it maps bytes that are gone now
         os.ftruncate(self._write_fd, self._hdr[base] + offset - base)
         os.fsync(self._write_fd)
         self._write_size = offset - base
@@ -511,6 +515,7 @@ class SegmentedFile:
         return fd
 
     def _close_reader(self, base: int) -> None:
+        self._maps.pop(base, None)  # unmapped once no view of it is left
         fd = self._read_fds.pop(base, None)
         if fd is not None:
             os.close(fd)
@@ -523,8 +528,39 @@ class SegmentedFile:
         return os.pread(self._reader(base), min(size, self.segment_end(base) - offset),
                         offset - base + self._hdr[base])
 
+    def view(self, offset: int, end: int) -> memoryview | None:
+        """The bytes [offset, end) of one segment without a copy: a read-only view of the segment
+        mapped into memory, or None when it cannot be mapped now (no descriptor or address space
+        left, or the file is shorter than written): read() them then. Raises OffsetOutOfRange
+        outside the log or across a segment's end, as read() does.
+
+        A mapping covers the file as long as it was when mapped; a view past that (the segment
+        being written has grown) maps it again. At most MAP_KEEP segments stay mapped (CPython's
+        mmap holds a duplicate descriptor of each); a segment that is deleted, cut or closed is
+        unmapped as soon as no view of it is left. Views are for the length of one batch call:
+        a view kept longer keeps a deleted segment's disk space."""
+        if self.readonly:
+            return None  # a live daemon next to it may cut what a mapping would cover
+        base = self.segment_of(offset)
+        if not offset <= end <= self.segment_end(base):
+            raise OffsetOutOfRange(f"[{offset}, {end}) crosses the end of segment {base}")
+        hdr = self._hdr[base]
+        mm = self._maps.pop(base, None)
+        if mm is None or len(mm) < end - base + hdr:
+            length = self.segment_end(base) - base + hdr
+            try:
+                fd = self._write_fd if base == self._write_base and self._write_fd >= 0 else self._reader(base)
+                mm = mmap.mmap(fd, length, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+            except (OSError, ValueError, OutOfDescriptors):
+                return None
+            while len(self._maps) >= MAP_KEEP:
+                del self._maps[next(iter(self._maps))]
+        self._maps[base] = mm
+        return memoryview(mm)[offset - base + hdr:end - base + hdr]
+
     def close_readers(self) -> None:
         """Close the cached read descriptors (they are reopened on demand)."""
+        self._maps.clear()
         for b in list(self._read_fds):
             self._close_reader(b)
 

@@ -3,10 +3,15 @@ redrive, and the snapshot + event replay that a restart relies on."""
 
 from __future__ import annotations
 
+import copy
+import itertools
+
 import pytest
-from delayd.broker.groups import Delivery, Groups, backoff_ms
+from delayd.broker.groups import Delivery, Group, Groups, backoff_ms
 from delayd.storage.recovery import open_store
 from delayd.storage.store import NewMessage, StoreConfig
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.storage.driver import release_now
 
@@ -119,3 +124,89 @@ def test_oldest_unacked_due_time(env):
     assert groups.oldest_unacked_due_ms(g) == first.deliver_at, "leased is not acked"
     groups.ack(g, [rc(d) for d in got])
     assert groups.oldest_unacked_due_ms(g) is None
+
+
+# -- the ack of a whole take (Groups._ack_take) against the ack receipt by receipt ----------------
+
+@pytest.fixture
+def env40(tmp_path):
+    now = [1_000_000]
+    store, _report = open_store(tmp_path, StoreConfig(), lambda: now[0])
+    events = []
+    groups = Groups(store, lambda: now[0], lambda t, g, ev: events.append((t, g, ev)), default_max_attempts=3)
+    seqs = store.append_messages([NewMessage("t", f"m{i}".encode(), now[0]) for i in range(40)], now[0])
+    release_now(store, seqs, now[0])
+    yield store, groups, events, now
+    store.close()
+
+
+def _state(g) -> tuple:
+    return (g.floor, g.cursor, sorted(g.done), sorted((i, lease.token, lease.out) for i, lease in g.leases.items()),
+            dict(g.attempts), g.acked_total)
+
+
+_NAMES = itertools.count()
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_ack_fast_path_matches_ack_receipt_by_receipt(env40, data) -> None:
+    """Takes of several leases, some expired, some messages already acked out of order; then an
+    ack of any mix of their receipts (whole takes, parts, repeats, strangers, garbage): `ack`
+    (which takes the whole-take path when it can) and `_ack_each` leave the same group state,
+    answer the same and log the same record."""
+    store, groups, events, now = env40
+    g = groups.get_or_create("t", f"g{next(_NAMES)}")
+    takes: list[list[str]] = []
+    for _ in range(data.draw(st.integers(1, 4), "takes")):
+        got = groups.take(g, data.draw(st.integers(1, 12), "n"), lease_ms=data.draw(st.sampled_from([1, 1000])),
+                          tags=None)
+        takes.append([rc(d) for d in got])
+    receipts = [r for t in takes for r in t]
+    if receipts and data.draw(st.booleans(), "ack some first"):
+        groups.ack(g, data.draw(st.lists(st.sampled_from(receipts), max_size=8)))
+    now[0] += data.draw(st.integers(0, 2), "later")  # leases of 1 ms expire
+    if takes and data.draw(st.booleans(), "one whole take"):
+        picks = list(data.draw(st.sampled_from(takes)))
+    else:
+        picks = data.draw(st.lists(st.sampled_from(receipts) if receipts else st.just("x.1.y"), max_size=30))
+    picks += data.draw(st.lists(st.sampled_from(["nonsense", "d-0.0.zz", "d-1.zz.", ""]), max_size=2), "junk")
+    twin = copy.deepcopy(g)
+    at = len(events)
+    answer = groups.ack(g, picks)
+    logged = events[at:]
+    del events[at:]
+    assert answer == groups._ack_each(twin, picks, now[0])
+    assert logged == events[at:]
+    assert _state(g) == _state(twin)
+
+
+def test_ack_of_a_whole_take_takes_the_fast_path(env40) -> None:
+    store, groups, events, now = env40
+    g = groups.get_or_create("t", "g")
+    first = [rc(d) for d in groups.take(g, 10, lease_ms=1000, tags=None)]
+    second = [rc(d) for d in groups.take(g, 10, lease_ms=1000, tags=None)]
+    assert groups._ack_take(g, first[:1] + second[:1], now[0]) is None, "two leases: receipt by receipt"
+    assert groups._ack_take(g, first + first[:1], now[0]) is None, "a repeat: the second is stale"
+    assert groups._ack_take(g, list(reversed(second)), now[0]) == 10
+    assert g.floor == 0 and sorted(g.done) == list(range(10, 20))
+    assert groups._ack_take(g, first, now[0]) == 10
+    assert g.floor == 20 and not g.done and not g.leases
+    assert [ev["idx"] for _t, _g, ev in events if ev["op"] == "ack"] == [list(range(19, 9, -1)), list(range(10))]
+
+
+@settings(max_examples=300, deadline=None)
+@given(floor=st.integers(0, 50), done=st.sets(st.integers(0, 120), max_size=20),
+       attempts=st.dictionaries(st.integers(0, 120), st.integers(1, 3), max_size=3),
+       indexes=st.lists(st.integers(0, 120), max_size=40), run=st.integers(0, 40))
+def test_mark_done_many_in_order_matches_one_by_one(floor, done, attempts, indexes, run) -> None:
+    """mark_done_many of a list that is exactly [floor, floor + n) skips the per-index steps;
+    any list comes out as the same indexes one by one would."""
+    g = Group("t", "g", 3, floor, floor + 60, done={i for i in done if i >= floor}, attempts=dict(attempts),
+              revived={i for i in done if i < floor})
+    twin = copy.deepcopy(g)
+    batch = list(range(floor, floor + run)) if run % 2 else indexes  # in order, or anything
+    g.mark_done_many(batch)
+    twin.mark_done_many(iter(batch))
+    assert (g.floor, g.cursor, g.done, g.attempts, g.revived) == (twin.floor, twin.cursor, twin.done, twin.attempts,
+                                                                   twin.revived)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
+import pytest
 from delayd.storage.msgtable import (
     ENTRY,
     ENTRY_SIZE,
@@ -91,14 +92,19 @@ def test_delete_before_drops_whole_segments_only(tmp_path: Path) -> None:
     t.close()
 
 
-def test_a_batch_reads_and_writes_like_single_calls(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mapped", [False, True])
+def test_a_batch_reads_and_writes_like_single_calls(tmp_path: Path, mapped: bool) -> None:
+    """With `mapped`, segment 0 (whose file holds every entry asked for) is one span over its
+    mapping, stored into directly; segment 1 is not (entry 101 is past its file's end) and
+    segment 7 is again: the same answers and the same bytes on disk as single calls."""
     a = MessageTable(tmp_path / "a", segment_entries=64)
     b = MessageTable(tmp_path / "b", segment_entries=64)
     for t in (a, b):
         t.set_run(1, [(MessageState.SCHEDULED, 100 * i, 10 + i, 0) for i in range(100)])
         t.set(500, MessageState.SCHEDULED, 7, 7)  # far away: a run of its own
-    seqs = [1, 2, 3, 60, 63, 64, 65, 90, 500, 700, 5000]  # across segments, past the end, no segment
-    b.begin_batch(seqs)
+    seqs = [1, 2, 3, 60, 63, 64, 65, 90, 101, 500, 700, 5000]  # across segments, past the end, no segment
+    b.begin_batch(seqs, mapped=mapped)
+    assert [s.mapped for s in b.spans] == ([True, False, True] if mapped else [False] * 3)
     for seq in seqs:
         assert b.get(seq) == a.get(seq), seq
         assert b.flags(seq) == a.flags(seq), seq

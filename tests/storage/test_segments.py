@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 from delayd.storage.errors import DiskFull, OffsetOutOfRange
-from delayd.storage.segments import SegmentedFile, segment_name
+from delayd.storage.segments import MAP_KEEP, SegmentedFile, SegmentFormat, segment_name
+
+_FMT = SegmentFormat("view test", b"DLVIEWT\xff", 2, 1, legacy=lambda first: False)
 
 
 def names(d: Path) -> list[str]:
@@ -202,4 +204,51 @@ def test_ignores_foreign_files(tmp_path: Path) -> None:
     (d / "123").write_bytes(b"short name")
     f = SegmentedFile(d, 10)
     assert f.bases == [0]
+    f.close()
+
+
+def test_view_is_what_read_returns_and_follows_the_segment_being_written(tmp_path: Path) -> None:
+    f = SegmentedFile(tmp_path / "s", 1000, fmt=_FMT)  # with a header: views start past it
+    offs = [f.append(bytes([i]) * 100) for i in range(25)]  # 10 per segment: three segments
+    assert f.bases == [0, 1000, 2000]
+    for off in offs:
+        view = f.view(off, off + 100)
+        assert view is not None and view.readonly and bytes(view) == f.read(off, 100)
+    assert bytes(f.view(1000, 2000)) == f.read(1000, 1000)  # a whole segment
+    late = f.append(b"z" * 100)  # past the mapping of the segment being written: mapped again
+    assert bytes(f.view(late, late + 100)) == b"z" * 100
+    with pytest.raises(OffsetOutOfRange):
+        f.view(950, 1050)  # across a segment's end
+    with pytest.raises(OffsetOutOfRange):
+        f.view(f.end + 1, f.end + 2)
+    assert len(f._maps) <= MAP_KEEP
+    f.close()
+    assert not f._maps
+    ro = SegmentedFile(tmp_path / "s", 1000, fmt=_FMT, readonly=True)
+    assert ro.view(0, 100) is None, "next to a live daemon: read, never mapped"
+    ro.close()
+
+
+def test_views_of_deleted_and_cut_segments(tmp_path: Path) -> None:
+    """A deleted segment is unmapped (its disk space is not held) and a view of it is an error;
+    after a cut the bytes that are gone cannot be viewed, what is written again can."""
+    f = SegmentedFile(tmp_path / "s", 1000)
+    for i in range(12):
+        f.append(bytes([i]) * 500)  # six segments of two chunks
+    for base in f.bases:
+        assert bytes(f.view(base, base + 10)) == bytes([base // 500]) * 10
+    assert len(f._maps) == MAP_KEEP and set(f._maps) == set(f.bases[-MAP_KEEP:])
+    f.view(0, 10)
+    assert f.delete_before(2000) == [0, 1000]
+    assert 0 not in f._maps
+    with pytest.raises(OffsetOutOfRange):
+        f.view(0, 10)
+    f.view(4000, 4500)
+    f.view(5000, 5500)
+    assert f.truncate(4500) == 1500
+    with pytest.raises(OffsetOutOfRange):
+        f.view(4400, 4600)
+    assert bytes(f.view(4000, 4500)) == bytes([8]) * 500
+    f.append(b"n" * 100)
+    assert bytes(f.view(4500, 4600)) == b"n" * 100
     f.close()
