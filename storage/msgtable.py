@@ -120,6 +120,7 @@ class MessageTable:
         self._spans: list[_Span] = []  # the batch's copies, sorted by seq
         self._bases: list[int] = []  # their first seqs
         self._maps: dict[int, mmap.mmap] = {}  # segment -> shared mapping of the entries it held then
+        self._used: set[int] = set()  # segments mapped for a batch since the last unmap_idle
 
     def _path(self, segment: int) -> Path:
         return self.directory / segment_name(segment)
@@ -190,10 +191,17 @@ class MessageTable:
             while len(self._maps) >= MAP_KEEP:
                 del self._maps[next(iter(self._maps))]
         self._maps[seg] = mm
+        self._used.add(seg)
         view = memoryview(mm)[hdr:]
         span = _Span(seg, 0, seg * self.segment_entries, view, len(view))  # type: ignore[arg-type]
         span.mapped = True
         return span
+
+    def unmap_idle(self) -> None:
+        """Unmap the segments no batch used since the last call (their pages leave the RSS)."""
+        for seg in [s for s in self._maps if s not in self._used]:
+            del self._maps[seg]
+        self._used.clear()
 
     @property
     def spans(self) -> list[_Span]:

@@ -252,6 +252,7 @@ class SegmentedFile:
         self._sizes: dict[int, int] = {}  # data bytes of closed segments
         self._read_fds: dict[int, int] = {}
         self._maps: dict[int, mmap.mmap] = {}  # segment base -> read-only mapping, least recently used first
+        self._viewed: set[int] = set()  # segments viewed since the last unmap_idle
         self._dirty: set[int] = set()
         for b in self._bases:
             if fmt is None:
@@ -537,8 +538,9 @@ class SegmentedFile:
         A mapping covers the file as long as it was when mapped; a view past that (the segment
         being written has grown) maps it again. At most MAP_KEEP segments stay mapped (CPython's
         mmap holds a duplicate descriptor of each); a segment that is deleted, cut or closed is
-        unmapped as soon as no view of it is left. Views are for the length of one batch call:
-        a view kept longer keeps a deleted segment's disk space."""
+        unmapped as soon as no view of it is left, and `unmap_idle` unmaps the segments no view
+        needed for a while. Views are for the length of one batch call: a view kept longer
+        keeps a deleted segment's disk space."""
         if self.readonly:
             return None  # a live daemon next to it may cut what a mapping would cover
         base = self.segment_of(offset)
@@ -556,7 +558,14 @@ class SegmentedFile:
             while len(self._maps) >= MAP_KEEP:
                 del self._maps[next(iter(self._maps))]
         self._maps[base] = mm
+        self._viewed.add(base)
         return memoryview(mm)[offset - base + hdr:end - base + hdr]
+
+    def unmap_idle(self) -> None:
+        """Unmap the segments not viewed since the last call (their pages leave the RSS)."""
+        for base in [b for b in self._maps if b not in self._viewed]:
+            del self._maps[base]
+        self._viewed.clear()
 
     def close_readers(self) -> None:
         """Close the cached read descriptors (they are reopened on demand)."""

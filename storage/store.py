@@ -414,6 +414,8 @@ class Store:
 
     def checkpoint_saved(self, pending: PendingCheckpoint) -> None:
         cp = pending.checkpoint
+        self.commit.files.unmap_idle()  # a burst's mappings go once the drain is over
+        self.msgs.unmap_idle()
         self.keys.applied()
         self.far.applied()
         self.dispatch.read_time_ms = cp.read_time_ms

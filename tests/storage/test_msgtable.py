@@ -134,3 +134,22 @@ def test_a_batch_reads_and_writes_like_single_calls(tmp_path: Path, mapped: bool
     b.close()
     for seg in sorted(p.name for p in (tmp_path / "a").iterdir()):
         assert (tmp_path / "a" / seg).read_bytes() == (tmp_path / "b" / seg).read_bytes(), seg
+
+
+def test_mapped_segments_unmapped_when_idle(tmp_path: Path) -> None:
+    t = MessageTable(tmp_path / "m", segment_entries=64)
+    t.set_run(0, [(MessageState.SCHEDULED, i, 1, 0) for i in range(128)])
+    t.begin_batch([1, 70], mapped=True)
+    t.set_state(70, MessageState.DELIVERED)
+    t.end_batch()
+    t.begin_batch([2], mapped=True)
+    t.end_batch()
+    t.unmap_idle()
+    assert set(t._maps) == {0, 1}
+    t.unmap_idle()
+    assert not t._maps
+    assert t.get(70)[0] == MessageState.DELIVERED
+    t.close()
+    t = MessageTable(tmp_path / "m", segment_entries=64)
+    assert t.get(70)[0] == MessageState.DELIVERED and t.get(69)[0] == MessageState.SCHEDULED
+    t.close()

@@ -252,3 +252,20 @@ def test_views_of_deleted_and_cut_segments(tmp_path: Path) -> None:
     f.append(b"n" * 100)
     assert bytes(f.view(4500, 4600)) == b"n" * 100
     f.close()
+
+
+def test_unmap_idle_keeps_only_what_was_viewed_since(tmp_path: Path) -> None:
+    f = SegmentedFile(tmp_path / "s", 1000)
+    for i in range(6):
+        f.append(bytes([i]) * 500)  # three segments
+    f.view(0, 10)
+    f.view(1000, 1010)
+    f.unmap_idle()
+    assert set(f._maps) == {0, 1000}, "both viewed since the last call"
+    f.view(2000, 2010)
+    f.unmap_idle()
+    assert set(f._maps) == {2000}
+    f.unmap_idle()
+    assert not f._maps
+    assert bytes(f.view(0, 10)) == bytes(10), "mapped again on demand"
+    f.close()
