@@ -244,7 +244,7 @@ class Dispatch:
                 continue
             extra.append(due_row(rec.deliver_at, rec.seq, rec.offset, rec.size, unit.topic_hash, tag_hash(rec.tag),
                                  rec.key is not None, slot_time))
-        rolls = [unit_of(units, i) for i, k in enumerate(kinds) if k == KIND_ROLL]
+        rolls = [unit_of(units, i) for i, k in enumerate(kinds) if k == KIND_ROLL] if KIND_ROLL in kinds else []
         for unit, got in zip(rolls, self.read_many([(u.commit_offset, u.commit_size) for u in rolls]), strict=True):
             if isinstance(got, StorageError):
                 out.unreadable.append((unit, got if isinstance(got, CorruptData) else CorruptData(str(got))))
@@ -362,7 +362,10 @@ class Dispatch:
         delivered) and the rest is untouched: a retry of the whole batch releases each once."""
         ops, msgs = batch.ops, self.msgs
         out = Released()
-        msgs.begin_runs(ops.seq_runs(dues, msgs.segment_entries, BATCH_GAP, DROW, 8), mapped=True)
+        # Mapped, a segment is one run however scattered the seqs (a burst released in
+        # deliver_at order): one span over its mapping, no read per run.
+        per = msgs.segment_entries
+        msgs.begin_runs(ops.seq_runs(dues, per, per, DROW, 8), mapped=True)
         try:
             for th, (units, seqs, keyed) in ops.release_rows(dues, msgs.spans, now_ms).items():
                 topic = self._topic(th, units)

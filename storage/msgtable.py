@@ -104,6 +104,10 @@ class _Span:
                 self.valid = hi
 
 
+def _span_base(span: _Span) -> int:
+    return span.base
+
+
 class MessageTable:
     """With `readonly`, nothing is created or written (inspection next to a live daemon)."""
 
@@ -150,16 +154,20 @@ class MessageTable:
         self.end_batch()
         per = self.segment_entries
         runs = list(runs)
-        whole: dict[int, _Span | None] = {}
+        whole: dict[int, int] = {}  # segment -> the last entry a run of it needs
         if mapped and not self.readonly:
-            for seg in {r[0] for r in runs}:
-                whole[seg] = self._mapped_span(seg, max(r[2] for r in runs if r[0] == seg))
-        for seg, lo, hi in runs:
-            span = whole.get(seg)
-            if span is not None:
-                if not self._spans or self._spans[-1] is not span:
+            for seg, _lo, hi in runs:
+                whole[seg] = max(hi, whole.get(seg, hi))
+            for seg, last in whole.items():
+                span = self._mapped_span(seg, last)
+                if span is not None:
                     self._spans.append(span)
-                continue
+            if len(self._spans) == len(whole):
+                runs = []  # every segment is mapped
+            else:
+                mapped_segs = {s.seg for s in self._spans}
+                runs = [r for r in runs if r[0] not in mapped_segs]
+        for seg, lo, hi in runs:
             fd = self._open(seg, create=False)
             if fd is None:
                 continue
@@ -167,6 +175,7 @@ class MessageTable:
             buf = bytearray(raw)
             buf.extend(bytes((hi - lo + 1) * ENTRY_SIZE - len(raw)))
             self._spans.append(_Span(seg, lo, seg * per + lo, buf, len(raw)))
+        self._spans.sort(key=_span_base)
         self._bases = [s.base for s in self._spans]
         self._batch = True
 
