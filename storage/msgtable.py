@@ -33,9 +33,9 @@ of a syscall per message. A release batch goes in deliver_at order, so its seqs 
 over the table (a burst due in one second: a run per message); it asks for `mapped` runs: the
 batch then works on a shared read-write mapping of the segment, no read and no write-back, its
 pages made durable by the same fsync as the pwrites. Only entries the file already holds are
-mapped (their blocks are allocated: a store through the mapping never needs disk space, which
-on a full disk would be a SIGBUS rather than an error); runs past the file's end are read and
-written as before.
+mapped, and a release stores only into entries that indexing wrote (their blocks are allocated:
+a store through the mapping never needs disk space, which on a full disk would be a SIGBUS
+rather than an error); runs past the file's end are read and written as before.
 
 The table is derived data: recovery rebuilds what the checkpoint does not cover from the
 commit log (MESSAGE/ROLL/CANCEL records) and the ready queues (deliveries).
