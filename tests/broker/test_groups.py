@@ -21,17 +21,22 @@ def rc(d: Delivery) -> str:
     return f"d-{d.unit.seq:x}.{d.receipt}"
 
 
-@pytest.fixture
-def env(tmp_path):
+def _groups_over(tmp_path, n: int):
+    """A store with `n` released messages on topic t (tags b, a, b, a, ...) and Groups over it."""
     now = [1_000_000]
     store, _report = open_store(tmp_path, StoreConfig(), lambda: now[0])
     events = []
     groups = Groups(store, lambda: now[0], lambda t, g, ev: events.append((t, g, ev)), default_max_attempts=3)
     seqs = store.append_messages([NewMessage("t", f"m{i}".encode(), now[0], tag="a" if i % 2 else "b")
-                                  for i in range(6)], now[0])
+                                  for i in range(n)], now[0])
     release_now(store, seqs, now[0])
     yield store, groups, events, now
     store.close()
+
+
+@pytest.fixture
+def env(tmp_path):
+    yield from _groups_over(tmp_path, 6)
 
 
 def test_lease_ack_floor_and_redelivery(env):
@@ -130,14 +135,7 @@ def test_oldest_unacked_due_time(env):
 
 @pytest.fixture
 def env40(tmp_path):
-    now = [1_000_000]
-    store, _report = open_store(tmp_path, StoreConfig(), lambda: now[0])
-    events = []
-    groups = Groups(store, lambda: now[0], lambda t, g, ev: events.append((t, g, ev)), default_max_attempts=3)
-    seqs = store.append_messages([NewMessage("t", f"m{i}".encode(), now[0]) for i in range(40)], now[0])
-    release_now(store, seqs, now[0])
-    yield store, groups, events, now
-    store.close()
+    yield from _groups_over(tmp_path, 40)
 
 
 def _state(g) -> tuple:
