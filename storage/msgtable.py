@@ -90,10 +90,10 @@ class _Span:
     the seq of its first entry (the compiled batch core finds entries by it)."""
     __slots__ = ("seg", "first", "base", "buf", "valid", "lo", "hi", "mapped")
 
-    def __init__(self, seg: int, first: int, base: int, buf: bytearray, valid: int) -> None:
+    def __init__(self, seg: int, first: int, base: int, buf: bytearray, valid: int, mapped: bool = False) -> None:
         self.seg, self.first, self.base, self.buf, self.valid = seg, first, base, buf, valid
         self.lo, self.hi = len(buf), 0  # changed bytes [lo, hi)
-        self.mapped = False  # buf is a view of the segment's mapping: nothing to write back
+        self.mapped = mapped  # buf is a view of the segment's mapping: nothing to write back
 
     def touch(self, lo: int, hi: int) -> None:
         if lo < self.lo:
@@ -162,11 +162,8 @@ class MessageTable:
                 span = self._mapped_span(seg, last)
                 if span is not None:
                     self._spans.append(span)
-            if len(self._spans) == len(whole):
-                runs = []  # every segment is mapped
-            else:
-                mapped_segs = {s.seg for s in self._spans}
-                runs = [r for r in runs if r[0] not in mapped_segs]
+            mapped_segs = {s.seg for s in self._spans}  # the others' runs are read below
+            runs = [r for r in runs if r[0] not in mapped_segs]
         for seg, lo, hi in runs:
             fd = self._open(seg, create=False)
             if fd is None:
@@ -202,9 +199,7 @@ class MessageTable:
         self._maps[seg] = mm
         self._used.add(seg)
         view = memoryview(mm)[hdr:]
-        span = _Span(seg, 0, seg * self.segment_entries, view, len(view))  # type: ignore[arg-type]
-        span.mapped = True
-        return span
+        return _Span(seg, 0, seg * self.segment_entries, view, len(view), mapped=True)  # type: ignore[arg-type]
 
     def unmap_idle(self) -> None:
         """Unmap the segments no batch used since the last call (their pages leave the RSS)."""
