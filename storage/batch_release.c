@@ -6,12 +6,29 @@
 #include "batch_core.h"
 
 /* ------------------------------------------------------------------------------------------ */
-/* dequeue-put: a heap of DueRows by (deliver_at, seq), and the release                        */
+/* dequeue-put: the DueRows held until due, by (deliver_at, seq), and the release             */
+
+/* A push of RUN_MIN rows or more (a slot's chunk: 256 in a burst) is sorted once and kept as a
+ * run; the runs' heads are a small heap of their own. A pop then sifts through a few thousand
+ * heads that stay in cache, where one heap of a million 48-byte rows missed the cache at every
+ * level (about 0.4 µs a row). Smaller pushes go to that heap of rows; a pop takes the smaller
+ * of the two tops. The order is the reference's total order either way. */
+#define RUN_MIN 32
+
+typedef struct {
+    int64_t t;          /* the head row's deliver_at and seq, inline: sifting reads no row */
+    uint64_t seq;
+    uint8_t *row, *end; /* the head row, and the end of the run */
+    uint8_t *buf;       /* the run's rows (freed once they are all taken) */
+} Run;
 
 typedef struct {
     PyObject_HEAD
-    uint8_t *rows;  /* heap of DueRows */
+    uint8_t *rows;  /* heap of DueRows (small pushes) */
     Py_ssize_t n, cap;
+    Run *runs;      /* heap of sorted runs, by head */
+    Py_ssize_t nruns, runcap;
+    Py_ssize_t held; /* rows in runs, not yet taken */
 } DueHeap;
 
 static inline int due_less(const uint8_t *a, const uint8_t *b) {
@@ -22,28 +39,55 @@ static inline int due_less(const uint8_t *a, const uint8_t *b) {
     return memcmp(a, b, DROW) < 0;  /* a total order: the same rows come out the same way */
 }
 
+static int due_cmp(const void *a, const void *b) {
+    if (due_less(a, b)) return -1;
+    return due_less(b, a);
+}
+
+static inline int run_less(const Run *a, const Run *b) {
+    if (a->t != b->t) return a->t < b->t;
+    if (a->seq != b->seq) return a->seq < b->seq;
+    return memcmp(a->row, b->row, DROW) < 0;
+}
+
+static inline void run_head(Run *r) {
+    r->t = rdi64(r->row);
+    r->seq = rd64(r->row + 8);
+}
+
+static void runs_sift_down(DueHeap *h, Py_ssize_t i) {
+    Run r = h->runs[i];
+    Py_ssize_t n = h->nruns;
+    for (;;) {
+        Py_ssize_t l = 2 * i + 1;
+        if (l >= n) break;
+        if (l + 1 < n && run_less(&h->runs[l + 1], &h->runs[l])) l++;
+        if (!run_less(&h->runs[l], &r)) break;
+        h->runs[i] = h->runs[l];
+        i = l;
+    }
+    h->runs[i] = r;
+}
+
 static void DueHeap_dealloc(DueHeap *h) {
+    for (Py_ssize_t k = 0; k < h->nruns; k++) PyMem_Free(h->runs[k].buf);
+    PyMem_Free(h->runs);
     PyMem_Free(h->rows);
     Py_TYPE(h)->tp_free((PyObject *)h);
 }
 
-/* push(dues): add DueRows. */
-static PyObject *DueHeap_push(DueHeap *h, PyObject *arg) {
-    Buf b;
-    if (buf_get(arg, &b, 0, "dues") < 0) return NULL;
-    if (b.view.len % DROW) { buf_release(&b); PyErr_SetString(PyExc_ValueError, "dues"); return NULL; }
-    Py_ssize_t add = b.view.len / DROW;
+static int push_rows(DueHeap *h, const uint8_t *src, Py_ssize_t add) {
     if (h->n + add > h->cap) {
         Py_ssize_t cap = h->cap ? h->cap : 256;
         while (cap < h->n + add) cap *= 2;
         uint8_t *p = PyMem_Realloc(h->rows, (size_t)cap * DROW);
-        if (!p) { buf_release(&b); return PyErr_NoMemory(); }
+        if (!p) { PyErr_NoMemory(); return -1; }
         h->rows = p;
         h->cap = cap;
     }
     for (Py_ssize_t k = 0; k < add; k++) {
         /* The new row rises through a hole: one copy per level, not a swap. */
-        const uint8_t *row = (const uint8_t *)b.view.buf + k * DROW;
+        const uint8_t *row = src + k * DROW;
         Py_ssize_t i = h->n++;
         while (i > 0) {
             Py_ssize_t parent = (i - 1) / 2;
@@ -53,8 +97,97 @@ static PyObject *DueHeap_push(DueHeap *h, PyObject *arg) {
         }
         memcpy(h->rows + i * DROW, row, DROW);
     }
+    return 0;
+}
+
+static int push_run(DueHeap *h, const uint8_t *src, Py_ssize_t add) {
+    if (h->nruns == h->runcap) {
+        Py_ssize_t cap = h->runcap ? h->runcap * 2 : 64;
+        Run *p = PyMem_Realloc(h->runs, (size_t)cap * sizeof(Run));
+        if (!p) { PyErr_NoMemory(); return -1; }
+        h->runs = p;
+        h->runcap = cap;
+    }
+    uint8_t *buf = PyMem_Malloc((size_t)add * DROW);
+    if (!buf) { PyErr_NoMemory(); return -1; }
+    memcpy(buf, src, (size_t)add * DROW);
+    Py_ssize_t k = 1;
+    while (k < add && !due_less(buf + k * DROW, buf + (k - 1) * DROW)) k++;
+    if (k < add) qsort(buf, (size_t)add, DROW, due_cmp);
+    Run r = {0, 0, buf, buf + add * DROW, buf};
+    run_head(&r);
+    Py_ssize_t i = h->nruns++;
+    while (i > 0) {
+        Py_ssize_t parent = (i - 1) / 2;
+        if (!run_less(&r, &h->runs[parent])) break;
+        h->runs[i] = h->runs[parent];
+        i = parent;
+    }
+    h->runs[i] = r;
+    h->held += add;
+    return 0;
+}
+
+/* push(dues): add DueRows. */
+static PyObject *DueHeap_push(DueHeap *h, PyObject *arg) {
+    Buf b;
+    if (buf_get(arg, &b, 0, "dues") < 0) return NULL;
+    if (b.view.len % DROW) { buf_release(&b); PyErr_SetString(PyExc_ValueError, "dues"); return NULL; }
+    Py_ssize_t add = b.view.len / DROW;
+    int rc = 0;
+    if (add >= RUN_MIN) rc = push_run(h, b.view.buf, add);
+    else if (add) rc = push_rows(h, b.view.buf, add);
     buf_release(&b);
+    if (rc < 0) return NULL;
     Py_RETURN_NONE;
+}
+
+/* The heap of rows gives up its top: Floyd's pop, the hole at the root sinks along the smaller
+ * children to a leaf (one comparison a level), then the last row rises from there. */
+static void rows_pop(DueHeap *h) {
+    h->n--;
+    if (h->n == 0) return;
+    const uint8_t *last = h->rows + h->n * DROW;
+    Py_ssize_t i = 0, n = h->n;
+    for (;;) {
+        Py_ssize_t l = 2 * i + 1;
+        if (l >= n) break;
+        if (l + 1 < n && due_less(h->rows + (l + 1) * DROW, h->rows + l * DROW)) l++;
+        memcpy(h->rows + i * DROW, h->rows + l * DROW, DROW);
+        i = l;
+    }
+    while (i > 0) {
+        Py_ssize_t parent = (i - 1) / 2;
+        if (!due_less(last, h->rows + parent * DROW)) break;
+        memcpy(h->rows + i * DROW, h->rows + parent * DROW, DROW);
+        i = parent;
+    }
+    if (h->rows + i * DROW != last) memcpy(h->rows + i * DROW, last, DROW);
+}
+
+/* The first run gives up its head row. */
+static void runs_pop(DueHeap *h) {
+    Run *top = &h->runs[0];
+    h->held--;
+    top->row += DROW;
+    if (top->row == top->end) {
+        PyMem_Free(top->buf);
+        *top = h->runs[--h->nruns];
+        if (h->nruns == 0) return;
+    } else {
+        run_head(top);
+        /* The row after it is read when this run comes up again: ask for it now (runs are
+         * walked in step, each a row at a time, which no hardware prefetcher follows). */
+        if (top->row + DROW < top->end) __builtin_prefetch(top->row + DROW);
+    }
+    runs_sift_down(h, 0);
+}
+
+/* The earliest row held, and whether it is a run's. */
+static inline const uint8_t *due_first(DueHeap *h, int *in_run) {
+    if (h->nruns == 0) { *in_run = 0; return h->n ? h->rows : NULL; }
+    *in_run = h->n == 0 || due_less(h->runs[0].row, h->rows);
+    return *in_run ? h->runs[0].row : h->rows;
 }
 
 /* pop(now_ms, max) -> dues: the DueRows due at or before now_ms, earliest first, at most max. */
@@ -63,43 +196,28 @@ static PyObject *DueHeap_pop(DueHeap *h, PyObject *args) {
     Py_ssize_t max;
     if (!PyArg_ParseTuple(args, "Ln", &now, &max)) return NULL;
     Out o = {0};
-    Py_ssize_t got = 0;
-    while (got < max && h->n > 0 && rdi64(h->rows) <= now) {
+    for (Py_ssize_t got = 0; got < max; got++) {
+        int in_run;
+        const uint8_t *first = due_first(h, &in_run);
+        if (first == NULL || rdi64(first) > now) break;
         uint8_t *d = out_take(&o, DROW);
-        if (!d) return NULL;
-        memcpy(d, h->rows, DROW);
-        got++;
-        h->n--;
-        if (h->n == 0) break;
-        /* Floyd's pop: the hole at the root sinks along the smaller children to a leaf (one
-         * comparison a level), then the last row rises from there (rarely far). */
-        const uint8_t *last = h->rows + h->n * DROW;
-        Py_ssize_t i = 0, n = h->n;
-        for (;;) {
-            Py_ssize_t l = 2 * i + 1;
-            if (l >= n) break;
-            if (l + 1 < n && due_less(h->rows + (l + 1) * DROW, h->rows + l * DROW)) l++;
-            memcpy(h->rows + i * DROW, h->rows + l * DROW, DROW);
-            i = l;
-        }
-        while (i > 0) {
-            Py_ssize_t parent = (i - 1) / 2;
-            if (!due_less(last, h->rows + parent * DROW)) break;
-            memcpy(h->rows + i * DROW, h->rows + parent * DROW, DROW);
-            i = parent;
-        }
-        if (h->rows + i * DROW != last) memcpy(h->rows + i * DROW, last, DROW);
+        if (!d) { out_free(&o); return NULL; }
+        memcpy(d, first, DROW);
+        if (in_run) runs_pop(h);
+        else rows_pop(h);
     }
     return out_bytes(&o);
 }
 
 /* next_due() -> int | None: the earliest deliver_at held. */
 static PyObject *DueHeap_next(DueHeap *h, PyObject *unused) {
-    if (h->n == 0) Py_RETURN_NONE;
-    return PyLong_FromLongLong(rdi64(h->rows));
+    int in_run;
+    const uint8_t *first = due_first(h, &in_run);
+    if (first == NULL) Py_RETURN_NONE;
+    return PyLong_FromLongLong(rdi64(first));
 }
 
-static Py_ssize_t DueHeap_len(DueHeap *h) { return h->n; }
+static Py_ssize_t DueHeap_len(DueHeap *h) { return h->n + h->held; }
 
 static PyMethodDef DueHeap_methods[] = {
     {"push", (PyCFunction)DueHeap_push, METH_O, "add DueRows"},

@@ -34,7 +34,7 @@ import contextlib
 import os
 from collections import deque
 from collections.abc import Callable, Generator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -374,7 +374,7 @@ class Store:
                 os.close(fd)
             self._all_dirty()
             raise
-        slots, far = self.schedule.snapshot()
+        slots, far = self.schedule.snapshot()  # raw: finish_checkpoint packs it
         cp = ckpt.Checkpoint(
             commit_indexed=self.indexer.indexed, commit_end=self.commit.end, timerlog_end=self.timers.log.end,
             read_time_ms=read_time_ms, next_seq=self.next_seq, ready_ends=self.ready.ends(),
@@ -393,7 +393,8 @@ class Store:
         finally:
             fsync_all(pending.fds)  # closes them, also on failure
             pending.fds = []
-        ckpt.save(self.data.layout.checkpoint, pending.checkpoint)
+        ckpt.save(self.data.layout.checkpoint, replace(
+            pending.checkpoint, schedule=Schedule.packed(pending.checkpoint.schedule)))
 
     def checkpoint_failed(self, pending: PendingCheckpoint) -> None:
         """The checkpoint was not written: what it was to make durable is fsynced next time

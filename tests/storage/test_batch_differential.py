@@ -441,8 +441,14 @@ due_rows = st.lists(st.tuples(st.integers(-5, 20), st.integers(0, 8), st.integer
     lambda xs: b"".join(ref.DUE.pack(t, seq, off, 40, seq % 3, 7, 0, 0) for t, seq, off in xs))
 
 
+# Pushes of up to 80 rows: the compiled heap keeps one of 32 or more as a sorted run, a smaller
+# one in its heap of rows; equal rows (same deliver_at, seq and bytes) come out the same.
+heap_rows = st.lists(st.tuples(st.integers(-5, 20), st.integers(0, 8), st.integers(0, 3)), max_size=80).map(
+    lambda xs: b"".join(ref.DUE.pack(t, seq, off, 40, seq % 3, 7, 0, 0) for t, seq, off in xs))
+
+
 @SETTINGS
-@given(st.lists(st.tuples(st.sampled_from(["push", "pop"]), due_rows, st.integers(-5, 25), st.integers(0, 6)),
+@given(st.lists(st.tuples(st.sampled_from(["push", "pop"]), heap_rows, st.integers(-5, 25), st.integers(0, 100)),
                 max_size=12))
 def test_due_heap(ops: list[tuple[str, bytes, int, int]]) -> None:
     hc, hr = c.DueHeap(), ref.DueHeap()
@@ -458,14 +464,20 @@ def test_due_heap(ops: list[tuple[str, bytes, int, int]]) -> None:
 @SETTINGS
 @given(st.integers(0, 2**32 - 1), st.integers(1, 3000))
 def test_due_heap_deep(seed: int, n: int) -> None:
-    """Heaps many levels deep (a burst due in one second), with ties in deliver_at and seq:
-    the same rows come out in the same order, chunk by chunk."""
+    """Heaps many levels deep and many runs (a burst due in one second), with ties in
+    deliver_at and seq: the same rows come out in the same order, chunk by chunk."""
     rnd = random.Random(seed)
     hc, hr = c.DueHeap(), ref.DueHeap()
     rows = [ref.DUE.pack(rnd.randrange(50), rnd.randrange(n), rnd.randrange(1 << 40), 40, k, 7, 0, 0) for k in range(n)]
-    for k in range(0, n, 97):
-        hc.push(b"".join(rows[k:k + 97]))
-        hr.push(b"".join(rows[k:k + 97]))
+    k = 0
+    while k < n:  # chunks small and large (the heap of rows and sorted runs), some already in order
+        size = rnd.choice((1, 5, 31, 32, 97, 256, 700))
+        chunk = rows[k:k + size]
+        if rnd.randrange(4) == 0:
+            chunk.sort(key=lambda r: ref.DUE.unpack(r)[:2], reverse=rnd.randrange(2) == 0)
+        hc.push(b"".join(chunk))
+        hr.push(b"".join(chunk))
+        k += size
     now = -1
     while len(hr):
         now += rnd.randrange(3)

@@ -184,9 +184,12 @@ def test_checkpoint_and_recover(tmp_path: Path, clock: list[int]) -> None:
     s.append_messages([NewMessage(TOPICS[i % 2], b"x", T0 + 20 * i) for i in range(20)], T0)
     drain(drv, T0 + 200)
     drv.checkpoint()
+    buckets = s.schedule_buckets(T0, T0 + 400, 100)
+    assert sum(n for _, n in buckets) == 9
     s.close()
     s, rep = open_data_dir(tmp_path, SMALL, lambda: clock[0])
     assert isinstance(rep, RecoveryReport) and rep.checkpoint == "ok" and rep.wheel == "ok"
+    assert s.schedule_buckets(T0, T0 + 400, 100) == buckets  # the per-slot counts, from the checkpoint
     assert rep.commit.truncated_bytes == 0 and rep.replayed_records == 0
     assert "recovery done in" in rep.line() and "checkpoint ok" in rep.line()
     assert s.next_seq == 21 and s.totals["produced"] == 20 and s.totals["delivered"] == 11
