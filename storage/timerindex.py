@@ -8,6 +8,7 @@ log), rebuild recreates a lost or damaged wheel from the TimerLog alone.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import NamedTuple
 from delayd.storage.errors import Insane
 from delayd.storage.timerlog import NO_POS, UNIT, UNIT_SIZE, TimerLog, Unit, UnitMagic
 from delayd.storage.timerwheel import HEADER as WHEEL_HEADER
-from delayd.storage.timerwheel import SLOT, SLOT_SIZE, TimerWheel
+from delayd.storage.timerwheel import SLOT, SLOT_SIZE, Slot, TimerWheel
 
 WHEEL_HEADER_SIZE = WHEEL_HEADER.size
 log = logging.getLogger("delayd.storage")
@@ -115,11 +116,13 @@ class TimerIndex:
     def check_slots(self) -> int:
         """Count slots whose fields cannot be right (the wheel then has to be rebuilt)."""
         bad = 0
-        end, start = self.log.end, self.log.start
-        for s in self.wheel.slots():
-            if (s.time % self.wheel.precision_ms or s.num < 0 or s.last_pos % UNIT_SIZE
-                    or not start <= s.last_pos < end or not start <= s.first_pos <= s.last_pos):
-                bad += 1
+        end, start, p = self.log.end, self.log.start, self.wheel.precision_ms
+        for times, firsts, lasts, nums, _magics in self.wheel.columns():
+            for k in itertools.compress(range(len(nums)), nums):
+                last = lasts[k]
+                if (nums[k] < 0 or times[k] % p or last % UNIT_SIZE or not start <= last < end
+                        or not start <= firsts[k] <= last):
+                    bad += 1
         return bad
 
     def strip_after(self, pos: int) -> int:
@@ -129,9 +132,12 @@ class TimerIndex:
         the commit log, so the wheel must not keep pointing at them.
         """
         removed = 0
-        for s in list(self.wheel.slots()):
-            if s.last_pos < pos:
-                continue
+        tails = []  # slots with a unit at or after pos: after a crash, those written since the checkpoint
+        for times, firsts, lasts, nums, magics in self.wheel.columns():
+            if max(lasts) >= pos:
+                tails += [Slot(times[k], firsts[k], lasts[k], nums[k], magics[k])
+                          for k in itertools.compress(range(len(nums)), nums) if lasts[k] >= pos]
+        for s in tails:
             last, num, n = s.last_pos, s.num, 0
             while last != NO_POS and last >= pos:
                 last = self.log.read(last).prev_pos

@@ -33,10 +33,13 @@ Version history: 1 — original.
 
 from __future__ import annotations
 
+import itertools
 import mmap
 import os
+import sys
 import time
 import zlib
+from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +52,7 @@ WHEEL_VERSION = 1
 HEADER = ByteTable("<IHHIIqII")
 SLOT = ByteTable("<qqqiI")
 SLOT_SIZE = SLOT.size
+COLUMN_SLOTS = 65_536  # slots per chunk of `TimerWheel.columns` (2 MiB)
 assert HEADER.size == 32 and SLOT_SIZE == 32
 
 
@@ -174,10 +178,32 @@ class TimerWheel:
         SLOT.pack_into(self._mm, self._at(st), 0, -1, -1, 0, 0)
 
     def slots(self) -> Iterator[Slot]:
-        """Every stored non-empty slot, in file order."""
-        for raw in SLOT.iter_unpack(memoryview(self._mm)[HEADER.size:]):
-            if raw[3] > 0:
-                yield Slot(*raw)
+        """Every stored slot whose num is not 0 (a negative one is damage), in file order."""
+        for times, firsts, lasts, nums, magics in self.columns():
+            for k in itertools.compress(range(len(nums)), nums):
+                yield Slot(times[k], firsts[k], lasts[k], nums[k], magics[k])
+
+    def columns(self) -> Iterator[tuple[array, array, array, array, array]]:
+        """The slots as (slot_time, first_pos, last_pos, num, magic) columns, `COLUMN_SLOTS` at a
+        time, in file order; a run of empty slots only (num all 0) is left out. Recovery walks
+        every slot (172,800 at the default 1 s precision, 17 million at 10 ms): columns make no
+        object per slot."""
+        body = memoryview(self._mm)[HEADER.size:]
+        swap = sys.byteorder != "little"
+        for at in range(0, len(body), COLUMN_SLOTS * SLOT_SIZE):
+            part = body[at:at + COLUMN_SLOTS * SLOT_SIZE]
+            words, wide, magics = array("i"), array("q"), array("I")
+            words.frombytes(part)
+            if swap:
+                words.byteswap()
+            nums = words[6::8]
+            if not nums.tobytes().strip(b"\0"):
+                continue
+            wide.frombytes(part)
+            if swap:
+                wide.byteswap()
+            magics.frombytes(words[7::8].tobytes())
+            yield wide[0::4], wide[1::4], wide[2::4], nums, magics
 
     def counts(self, start: int, end: int) -> Iterator[tuple[int, int]]:
         """(slot_time, num) for every non-empty slot in [start, end) that belongs to this lap."""

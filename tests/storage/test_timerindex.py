@@ -95,6 +95,8 @@ def test_check_slots_counts_impossible_slots(tmp_path: Path) -> None:
     ix.wheel.put(1010, 0, 10 * UNIT_SIZE, 1, 1)  # past the TimerLog end
     ix.wheel.put(1020, 0, 7, 1, 1)  # not unit-aligned
     assert ix.check_slots() == 2
+    ix.wheel.put(1000, 0, 0, -1, 1)  # a negative count (read as empty: its chain would be lost)
+    assert ix.check_slots() == 3
     ix.close()
 
 

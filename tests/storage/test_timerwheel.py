@@ -72,6 +72,21 @@ def test_slots_counts_and_reset(tmp_path: Path) -> None:
     w.close()
 
 
+def test_slots_across_chunks_skips_empty_ones_and_keeps_damage(tmp_path: Path) -> None:
+    """`slots` reads the file as columns, 65,536 slots at a time: slots in the first and the
+    last chunk come out with every field, a chunk with nothing in it is skipped, and a slot
+    whose num is negative (damage) is listed, so recovery's check sees it."""
+    w = TimerWheel(tmp_path / "w", 10, 200_000)
+    want = [Slot(0, 0, 0, 1, 1), Slot(700_000, 52, 104, 2, 0x80000001),
+            Slot(1_999_990, 156, 208, 7, 2), Slot(30, 8, 8, -3, 1)]
+    for s in want:
+        w.put(s.time, s.first_pos, s.last_pos, s.num, s.magic)
+    assert sorted(w.slots(), key=lambda s: s.time) == sorted(want, key=lambda s: s.time)
+    by_unpack = [Slot(*raw) for raw in SLOT.iter_unpack(w.buffer[HEADER.size:]) if raw[3]]
+    assert list(w.slots()) == by_unpack
+    w.close()
+
+
 def make_bad(tmp_path: Path, **change: int) -> Path:
     p = tmp_path / "-".join(f"{k}{v}" for k, v in change.items())
     TimerWheel(p, 100, 16).close()
