@@ -18,6 +18,8 @@ from delayd.storage.recovery import open_store
 from delayd.storage.segments import SEGMENT_HEADER_SIZE, list_segments, segment_name
 from delayd.storage.store import NewMessage, Store
 from delayd.storage.timerlog import UNIT_SIZE
+from delayd.storage.timerwheel import HEADER as WHEEL_HEADER
+from delayd.storage.timerwheel import SLOT, SLOT_SIZE
 
 from tests.storage.driver import SMALL, Driver, delivered_seqs, drain, no_fsync, topic_of
 
@@ -152,6 +154,24 @@ def test_a_missing_wheel_is_rebuilt_from_the_timerlog(crashed: tuple[Path, dict]
     os.unlink(d / "timerwheel")
     s, rep = open_store(d, SMALL, lambda: clock[0])
     assert rep.wheel == "rebuilt (missing)" and rep.checkpoint == "ok"
+    counts = deliver_all(s, clock, T0 + 2_000)
+    assert set(counts) == set(before["all"]) - {before["cancelled"]} and max(counts.values()) == 1
+    s.close()
+
+
+def test_a_wheel_slot_with_a_negative_count_makes_the_wheel_rebuilt(crashed: tuple[Path, dict],
+                                                                    clock: list[int]) -> None:
+    """A negative num reads as an empty slot: trusted, its chain would never be walked."""
+    d, before = crashed
+    raw = bytearray((d / "timerwheel").read_bytes())
+    at = next(WHEEL_HEADER.size + k * SLOT_SIZE for k in range((len(raw) - WHEEL_HEADER.size) // SLOT_SIZE)
+              if SLOT.unpack_from(raw, WHEEL_HEADER.size + k * SLOT_SIZE)[3] > 0)
+    fields = list(SLOT.unpack_from(raw, at))
+    fields[3] = -fields[3]
+    SLOT.pack_into(raw, at, *fields)
+    (d / "timerwheel").write_bytes(raw)
+    s, rep = open_store(d, SMALL, lambda: clock[0])
+    assert rep.wheel == "rebuilt (damaged slots)" and rep.checkpoint == "ok"
     counts = deliver_all(s, clock, T0 + 2_000)
     assert set(counts) == set(before["all"]) - {before["cancelled"]} and max(counts.values()) == 1
     s.close()
