@@ -62,6 +62,7 @@ bench: install-dev
 	$(PY) -m pip install -q -e '.[dev,bench]'
 	bash bench/install_peer.sh
 	$(PY) -m bench.storage_bench
+	$(PY) -m bench.dueheap_bench
 	$(PY) -m bench.keyindex_bench
 	$(PY) -m bench.list_bench -n 10000000
 	$(PY) -m bench.daemon_vs_redis
