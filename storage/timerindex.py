@@ -17,7 +17,7 @@ from typing import NamedTuple
 from delayd.storage.errors import Insane
 from delayd.storage.timerlog import NO_POS, UNIT, UNIT_SIZE, TimerLog, Unit, UnitMagic
 from delayd.storage.timerwheel import HEADER as WHEEL_HEADER
-from delayd.storage.timerwheel import SLOT, SLOT_SIZE, Slot, TimerWheel
+from delayd.storage.timerwheel import SLOT, SLOT_SIZE, TimerWheel
 
 WHEEL_HEADER_SIZE = WHEEL_HEADER.size
 log = logging.getLogger("delayd.storage")
@@ -132,12 +132,8 @@ class TimerIndex:
         the commit log, so the wheel must not keep pointing at them.
         """
         removed = 0
-        tails = []  # slots with a unit at or after pos: after a crash, those written since the checkpoint
-        for times, firsts, lasts, nums, magics in self.wheel.columns():
-            if max(lasts) >= pos:
-                tails += [Slot(times[k], firsts[k], lasts[k], nums[k], magics[k])
-                          for k in itertools.compress(range(len(nums)), nums) if lasts[k] >= pos]
-        for s in tails:
+        # The slots with a unit at or after pos (after a crash: those written since the checkpoint).
+        for s in list(self.wheel.slots(last_from=pos)):
             last, num, n = s.last_pos, s.num, 0
             while last != NO_POS and last >= pos:
                 last = self.log.read(last).prev_pos

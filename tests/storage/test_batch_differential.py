@@ -437,14 +437,15 @@ def test_classify_and_dues(case: dict[str, Any], slot_time: int) -> None:
 
 
 # ---------------------------------------------------------------------------------- dequeue-put
-due_rows = st.lists(st.tuples(st.integers(-5, 20), st.integers(0, 8), st.integers(0, 50)), max_size=10).map(
-    lambda xs: b"".join(ref.DUE.pack(t, seq, off, 40, seq % 3, 7, 0, 0) for t, seq, off in xs))
+def _dues(max_rows: int, max_off: int) -> st.SearchStrategy[bytes]:
+    return st.lists(st.tuples(st.integers(-5, 20), st.integers(0, 8), st.integers(0, max_off)), max_size=max_rows).map(
+        lambda xs: b"".join(ref.DUE.pack(t, seq, off, 40, seq % 3, 7, 0, 0) for t, seq, off in xs))
 
 
+due_rows = _dues(10, 50)
 # Pushes of up to 80 rows: the compiled heap keeps one of 32 or more as a sorted run, a smaller
 # one in its heap of rows; equal rows (same deliver_at, seq and bytes) come out the same.
-heap_rows = st.lists(st.tuples(st.integers(-5, 20), st.integers(0, 8), st.integers(0, 3)), max_size=80).map(
-    lambda xs: b"".join(ref.DUE.pack(t, seq, off, 40, seq % 3, 7, 0, 0) for t, seq, off in xs))
+heap_rows = _dues(80, 3)
 
 
 @SETTINGS

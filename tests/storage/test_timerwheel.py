@@ -84,6 +84,7 @@ def test_slots_across_chunks_skips_empty_ones_and_keeps_damage(tmp_path: Path) -
     assert sorted(w.slots(), key=lambda s: s.time) == sorted(want, key=lambda s: s.time)
     by_unpack = [Slot(*raw) for raw in SLOT.iter_unpack(w.buffer[HEADER.size:]) if raw[3]]
     assert list(w.slots()) == by_unpack
+    assert list(w.slots(last_from=104)) == [Slot(700_000, 52, 104, 2, 0x80000001), Slot(1_999_990, 156, 208, 7, 2)]
     w.close()
 
 
