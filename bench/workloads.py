@@ -501,6 +501,7 @@ class Pending(Workload):
                 return out
             # A probe due shortly after the kill: it must survive and come out right after restart.
             probe_due = await prod.send_probe(probe_topic, b"probe", self.probe_delay_ms)
+        written = await peer.wait_written(ctx.timeout(10, 1))
         t_kill = time.monotonic()
         t_kill_wall = now_ms_f()
         peer.kill9()
@@ -522,6 +523,7 @@ class Pending(Workload):
             "probe_due_after_kill_ms": probe_due - t_kill_wall,
             "probe_received_after_kill_s": (recv - t_kill_wall) / 1000 if got else None,
             "probe_lateness_ms": (recv - probe_due) if got else None,
+            **written,
             **await peer.restart_facts(topic),
             "rss_after_restart_bytes": peer.meter.rss_bytes(),
         }

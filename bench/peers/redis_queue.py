@@ -284,3 +284,17 @@ class RedisPeer(Peer):
     async def restart_facts(self, topic: str) -> dict[str, Any]:
         return {"stored_after_restart": await self.stored(topic)}
 
+    async def wait_written(self, timeout_s: float) -> dict[str, Any]:
+        # With everysec Redis answers before its AOF write(), and postpones that write (up to
+        # 2 s) while a background fsync is still running: a kill -9 then loses acknowledged
+        # writes. CI saw the probe lost that way. Wait until the AOF buffer is empty, and say
+        # whether it was not.
+        t0 = time.monotonic()
+        unwritten = False
+        while int((await self.admin().info("persistence")).get("aof_buffer_length", 0)) > 0:
+            unwritten = True
+            if time.monotonic() - t0 > timeout_s:
+                raise TimeoutError(f"redis AOF buffer not written after {timeout_s}s")
+            await asyncio.sleep(0.005)
+        return {"probe_unwritten_at_ack": unwritten, "probe_write_wait_ms": (time.monotonic() - t0) * 1000}
+

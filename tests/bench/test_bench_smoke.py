@@ -117,6 +117,8 @@ def test_memory_and_restart(smoke_run: dict[str, Any], side: str) -> None:
     assert mem["rss_bytes"] > 0 and mem["rss_idle_bytes"] > 0 and mem["disk_bytes"] > 0
     restart = result(smoke_run, "restart", side)
     assert restart["probe_delivered"] is True
+    if side == "redis":  # it is killed only once its AOF buffer is written (see wait_written)
+        assert isinstance(restart["probe_unwritten_at_ack"], bool) and restart["probe_write_wait_ms"] >= 0
     assert restart["probe_lateness_ms"] >= 0  # never before its deliver_at
     assert 0 < restart["spawn_to_ready_s"] <= restart["ready_after_kill_s"]
 
