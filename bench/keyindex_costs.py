@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.keyindex_costs
 
 A 300,000-key index, then 20 rounds of 1,000 new keys: the batched lookup a produce makes,
-the overlay update (`put_many`), the SQLite write the checkpoint makes in a worker thread
+the overlay update (`put_run`, as a produce makes it), the SQLite write the checkpoint makes in a worker thread
 (`apply`) and dropping the overlay afterwards (`applied`). Prints microseconds per key.
 """
 
@@ -27,10 +27,11 @@ def main() -> None:
         for r in range(20):
             ki.lookup_many("bench", [k + str(r) for k in keys])
         print(f"lookup_many (batched, absent keys): {(time.perf_counter() - t) / 20_000 * 1e6:.2f} us/key")
+        dues = memoryview(bytes(8 * len(keys))).cast("q")
         t = time.perf_counter()
         for r in range(20):
-            ki.put_many([("bench", k + "p" + str(r), r * 1000 + i, 0) for i, k in enumerate(keys)])
-        print(f"put_many (overlay):                 {(time.perf_counter() - t) / 20_000 * 1e6:.2f} us/key")
+            ki.put_run("bench", [k + "p" + str(r) for k in keys], r * 1000, dues)
+        print(f"put_run (overlay):                  {(time.perf_counter() - t) / 20_000 * 1e6:.2f} us/key")
         ops = ki.take_ops()
         t = time.perf_counter()
         ki.apply(ops, 2)

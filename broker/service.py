@@ -14,7 +14,7 @@ import re
 import time
 from array import array
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import EllipsisType
@@ -385,8 +385,13 @@ class Broker:
         seqs = array("Q", bytes(8 * n))
         duplicate = bytearray(n)
         if fresh:
-            keyed = [(keys[i], deliver_at[i]) for i in fresh] if keys is not None else None
-            first = store.append_packed(topic, records, sizes, now, keyed, found.cancels if found is not None else [])
+            # The key index keeps both (read-only views, or copies).
+            run_keys: list[str | None] | None = keys
+            run_dues: Sequence[int] = memoryview(dues).cast("q")
+            if keys is not None and len(fresh) < n:
+                run_keys, run_dues = [keys[i] for i in fresh], array("q", [deliver_at[i] for i in fresh])
+            first = store.append_packed(topic, records, sizes, now, run_keys, run_dues,
+                                        found.cancels if found is not None else [])
             for j, i in enumerate(fresh):
                 seqs[i] = first + j
             assert self.pipeline is not None
@@ -415,7 +420,11 @@ class Broker:
         """Which messages of a keyed batch are stored, and what the others answer (see `produce`)."""
         out = _Keyed()
         in_batch: dict[str, int] = {}
-        holders = store.key_holders(topic, [k for k in keys if k is not None])
+        named = [k for k in keys if k is not None]
+        holders = store.key_holders(topic, named)
+        if not holders and len(set(named)) == len(named):  # the usual batch: new keys, none repeated
+            out.fresh = list(range(len(keys)))
+            return out
         for i, key in enumerate(keys):
             if key is not None:
                 if key in in_batch:

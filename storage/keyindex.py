@@ -30,6 +30,7 @@ written).
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -117,17 +118,15 @@ class KeyIndex:
 
     def lookup_many(self, topic: str, keys: list[str]) -> dict[str, tuple[int, int, int | None]]:
         out: dict[str, tuple[int, int, int | None]] = {}
-        ask = []
         cur, old = self._current.get(topic, _EMPTY), self._flushing.get(topic, _EMPTY)
-        for k in keys:
-            hit = cur.get(k, _MISS)
-            if hit is _MISS:
-                hit = old.get(k, _MISS)
+        ask = [k for k in keys if k not in cur and k not in old]  # usually all: new keys
+        if len(ask) < len(keys):
+            for k in keys:
+                hit = cur.get(k, _MISS)
                 if hit is _MISS:
-                    ask.append(k)
-                    continue
-            if hit is not None:
-                out[k] = (hit[0], hit[1], None)
+                    hit = old.get(k)
+                if hit is not None and hit is not _MISS:
+                    out[k] = (hit[0], hit[1], None)
         for i in range(0, len(ask), 900):  # SQLite's bound-parameter limit is generous; stay well under
             part = ask[i:i + 900]
             marks = ",".join("?" * len(part))
@@ -152,6 +151,20 @@ class KeyIndex:
                     d = cur[topic] = {}
                 last_topic = topic
             d[key] = (seq, deliver_at)  # type: ignore[index]
+
+    def put_run(self, topic: str, keys: Sequence[str | None], first_seq: int, dues: Sequence[int]) -> None:
+        """put_many for consecutive messages of one topic: message `first_seq + i` holds
+        `keys[i]` (None: it has no key), due `dues[i]`. The rows are built by `apply`, in the
+        worker thread. Neither sequence may change afterwards."""
+        self._ops.append(("run", (topic, keys, first_seq, dues)))
+        d = self._current.get(topic)
+        if d is None:
+            d = self._current[topic] = {}
+        seq = first_seq
+        for key, due in zip(keys, dues, strict=True):
+            if key is not None:
+                d[key] = (seq, due)
+            seq += 1
 
     def release(self, topic: str, key: str, seq: int) -> None:
         """The key is free again (its message was cancelled)."""
@@ -193,6 +206,10 @@ class KeyIndex:
         writer connection; safe in a worker thread while the event loop keeps reading."""
         w = self.writer
         for kind, arg in ops:
+            if kind == "run":
+                topic, keys, first, dues = arg
+                arg = [(topic, k, first + i, dues[i]) for i, k in enumerate(keys) if k is not None]
+                kind = "put"
             if kind == "put":
                 w.executemany("INSERT OR REPLACE INTO keys (topic, key, seq, deliver_at, done_at) "
                               "VALUES (?, ?, ?, ?, NULL)", arg)

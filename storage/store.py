@@ -33,7 +33,7 @@ import collections
 import contextlib
 import os
 from collections import deque
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -184,12 +184,13 @@ class Store:
         return list(range(first, first + n))
 
     def append_packed(self, topic: str, records: bytes, sizes: bytes, now_ms: int,
-                      keyed: list[tuple[str, int]] | None = None,
+                      keys: Sequence[str | None] | None = None, dues: Sequence[int] = (),
                       cancels: list[tuple[int, str, str | None]] = ()) -> int:  # type: ignore[assignment]
         """append_messages for records the compiled batch core encoded (storage.batch
         `encode_produce`, with seqs from `next_seq`): appended in one write, their message-table
-        entries and MessageRows made from the same bytes. `keyed`: (key, deliver_at) per message
-        that has a key, in order (None for none). Returns the first seq."""
+        entries and MessageRows made from the same bytes. `keys` and `dues`: each record's key
+        (None: none) and deliver_at, in order, or None when no record has a key; the key index
+        keeps both (KeyIndex.put_run), so neither may change afterwards. Returns the first seq."""
         first = self.next_seq
         n = len(sizes) // 4
         self.msgs.prepare(first, first + n - 1)  # no descriptor for it: refused before anything is stored
@@ -206,8 +207,8 @@ class Store:
             self._cancelled(seq, t, key)
         entries, rows = batch.ops.produced_rows(records, offsets, self.counters.topic_hash(topic))
         self.msgs.write_entries(first, entries)
-        if keyed:
-            self.keys.put_many([(topic, key, first + i, due) for i, (key, due) in enumerate(keyed) if key is not None])
+        if keys is not None:
+            self.keys.put_run(topic, keys, first, dues)
         self.counters.produced(topic, n)
         if not head and n:
             last_size = int.from_bytes(sizes[-4:], "little")

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import shutil
 import threading
+import urllib.request
 
+import msgpack
 import pytest
 
 from tests.integration.helpers import drain, now_ms, produce, pull
@@ -37,6 +39,34 @@ def test_duplicate_key_answers_the_original(daemon):
     # A batch with the key twice stores it once.
     res = produce(daemon, "k3", [{"body": "x", "key": "dup"}, {"body": "y", "key": "dup"}])
     assert res[0]["id"] == res[1]["id"] and [r["duplicate"] for r in res] == [False, True]
+
+
+def msgpack_produce(d, topic, messages):
+    req = urllib.request.Request(f"{d.url}/v1/topics/{topic}/messages", method="POST",
+                                 data=msgpack.packb({"messages": messages}, use_bin_type=True),
+                                 headers={"Content-Type": "application/msgpack", "Accept": "application/msgpack"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return msgpack.unpackb(r.read())["messages"]
+
+
+def test_a_msgpack_batch_mixing_new_held_repeated_and_keyless_keys(daemon):
+    # The compiled produce path: only the fresh messages are stored, each key goes to its own.
+    held = msgpack_produce(daemon, "mk", [{"body": b"h", "key": "held", "delay_ms": 60_000}])[0]
+    res = msgpack_produce(daemon, "mk", [
+        {"body": b"a", "key": "new-1", "delay_ms": 60_000},
+        {"body": b"b", "key": "held", "delay_ms": 5},
+        {"body": b"c", "delay_ms": 60_000},
+        {"body": b"d", "key": "new-1", "delay_ms": 5},
+        {"body": b"e", "key": "new-2", "delay_ms": 61_000},
+    ])
+    assert [r["duplicate"] for r in res] == [False, True, False, True, False]
+    assert res[1] == {**held, "duplicate": True} and res[3]["id"] == res[0]["id"]
+    assert res[3]["deliver_at"] == res[0]["deliver_at"]
+    assert len({res[0]["id"], res[2]["id"], res[4]["id"], held["id"]}) == 4
+    for key, want in (("held", held), ("new-1", res[0]), ("new-2", res[4])):
+        status, view = daemon.request("GET", f"/v1/topics/mk/keys/{key}")
+        assert status == 200 and view["id"] == want["id"] and view["deliver_at"] == want["deliver_at"], (key, view)
+    assert daemon.request("GET", "/v1/stats")[1]["topics"]["mk"]["scheduled"] == 4
 
 
 def test_replace_reschedules_atomically(daemon):
