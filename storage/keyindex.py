@@ -125,7 +125,7 @@ class KeyIndex:
                 hit = cur.get(k, _MISS)
                 if hit is _MISS:
                     hit = old.get(k)
-                if hit is not None and hit is not _MISS:
+                if hit is not None:  # None: released
                     out[k] = (hit[0], hit[1], None)
         for i in range(0, len(ask), 900):  # SQLite's bound-parameter limit is generous; stay well under
             part = ask[i:i + 900]
