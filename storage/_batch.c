@@ -14,7 +14,7 @@
  *
  * The code is split by pipeline stage: batch_produce.c (produce), batch_timer.c (enqueue-get,
  * enqueue-put, dequeue-get, dequeue-get-message), batch_release.c (dequeue-put and the batch
- * counters), batch_pull.c (pull and ack) and batch_util.c (CRC, buffers, maps, spans, UTF-8),
+ * counters), batch_pull.c (pull and ack), batch_keys.c (the key filter) and batch_util.c (CRC, buffers, maps, spans, UTF-8),
  * sharing batch_core.h. This file is the module table and its initialisation, and PyInit__batch
  * is the one symbol the shared object exports.
  */
@@ -47,6 +47,8 @@ static PyMethodDef methods[] = {
     {"take_rows", take_rows, METH_VARARGS, "a group's new messages from its cursor, as PullRows"},
     {"encode_produced", encode_produced, METH_VARARGS, "the answer of a produce"},
     {"read_plan", read_plan, METH_VARARGS, "the stretches of the log to read for records"},
+    {"filter_add", filter_add, METH_VARARGS, "add keys of a topic to the key filter"},
+    {"filter_maybe", filter_maybe, METH_VARARGS, "the keys of a topic the key filter may hold"},
     {NULL, NULL, 0, NULL},
 };
 

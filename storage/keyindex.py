@@ -12,6 +12,9 @@ the same transaction as the entries, so after any crash recovery replays the log
 about state: a lookup's caller checks the message table (scheduled, delivered, cancelled),
 so an entry that missed an update can never produce a wrong answer.
 
+A key filter (storage/keyfilter.py) in memory answers first: only the keys it may hold are
+looked up (`FilterBuild` says how it is built without ever missing a key).
+
 Table `keys` (one row per key):
 
     column      type     meaning
@@ -29,12 +32,19 @@ written).
 
 from __future__ import annotations
 
+import logging
 import sqlite3
+import threading
 from collections.abc import Sequence
+from itertools import groupby, repeat
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
 from delayd.storage.errors import UnsupportedVersion
+from delayd.storage.keyfilter import KeyFilter
+
+log = logging.getLogger("delayd.storage")
 
 KEYINDEX_VERSION = 1
 SQLITE_USER_VERSION_AT = 60  # the file header's user_version: a big-endian u32 at byte 60
@@ -69,6 +79,87 @@ def connect(path: Path, cache_kib: int) -> sqlite3.Connection:
 Op = tuple[str, Any]
 _MISS = object()
 _EMPTY: dict[str, Any] = {}
+SCAN_CHUNK = 4096
+
+
+class Run:
+    """The keys of one `put_run`: the overlay maps each of them to this one object (no tuple or
+    int per key); `at` answers a key's (seq, deliver_at), with an index built on first use."""
+
+    __slots__ = ("keys", "first_seq", "dues", "index")
+
+    def __init__(self, keys: Sequence[str | None], first_seq: int, dues: Sequence[int]) -> None:
+        self.keys, self.first_seq, self.dues = keys, first_seq, dues
+        self.index: dict[str | None, int] | None = None
+
+    def at(self, key: str) -> tuple[int, int]:
+        if self.index is None:
+            self.index = {k: i for i, k in enumerate(self.keys)}
+        i = self.index[key]
+        return self.first_seq + i, int(self.dues[i])
+
+
+Held = tuple[int, int] | Run | None  # an overlay entry: (seq, deliver_at), a run holding it, released
+
+
+def held_by(entry: tuple[int, int] | Run, key: str) -> tuple[int, int]:
+    return entry.at(key) if type(entry) is Run else entry  # type: ignore[return-value]
+
+
+class FilterBuild:
+    """A key filter being built in a thread: `scan` reads every (topic, key) of the index in one
+    read transaction (one snapshot) into a new filter, while `recorded` collects, on the event
+    loop, the keys the overlay held when the build began and every key put since. The filter
+    `KeyIndex` installs is the scan's plus the recorded keys: a key the index holds at any later
+    moment was either in the snapshot, or put after the build began, or in the overlay then
+    (a put reaches the database only after its overlay entry exists, and leaves the overlay only
+    once the database holds it), so the filter lacks none of them."""
+
+    def __init__(self, path: Path, recorded: list[tuple[str, Sequence[str | None]]]) -> None:
+        self.path = path
+        self.recorded = recorded
+        self.result: KeyFilter | None = None
+        self.failed = False
+        self.stop = False
+        self.thread: threading.Thread | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.result is not None or self.failed
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self.scan, name="delayd-keyfilter", daemon=True)
+        self.thread.start()
+
+    def scan(self) -> None:
+        try:
+            db = connect(self.path, 2048)
+        except sqlite3.Error as e:
+            log.warning("key filter not built (%s); every key is looked up in the index", e)
+            self.failed = True
+            return
+        try:
+            db.execute("BEGIN")
+            n = db.execute("SELECT count(*) FROM keys").fetchone()[0]
+            f = KeyFilter(2 * (n + sum(len(keys) for _, keys in self.recorded)))
+            cur = db.execute("SELECT topic, key FROM keys")  # primary-key order: grouped by topic
+            while rows := cur.fetchmany(SCAN_CHUNK):
+                if self.stop:
+                    return
+                for topic, run in groupby(rows, itemgetter(0)):
+                    f.add(topic, [k for _, k in run])
+            self.result = f
+        except Exception as e:  # a damaged index: lookups stay correct without the filter
+            log.warning("key filter not built (%s); every key is looked up in the index", e)
+            self.failed = True
+        finally:
+            db.rollback()
+            db.close()
+
+    def cancel(self) -> None:
+        self.stop = True
+        if self.thread is not None:
+            self.thread.join()
 
 
 class KeyIndex:
@@ -98,10 +189,18 @@ class KeyIndex:
         self.db.commit()
         self.writer = self._connect(cache_kib)
         self._ops: list[Op] = []
-        # topic -> key -> (seq, deliver_at), or None when released; `_flushing` is the part
-        # being written by `apply`, `_current` what came after.
-        self._current: dict[str, dict[str, tuple[int, int] | None]] = {}
-        self._flushing: dict[str, dict[str, tuple[int, int] | None]] = {}
+        # topic -> key -> Held; `_flushing` is the part being written by `apply`, `_current`
+        # what came after.
+        self._current: dict[str, dict[str, Held]] = {}
+        self._flushing: dict[str, dict[str, Held]] = {}
+        # Keys that may be held (storage.keyfilter): None until the first build is done, then
+        # every put adds to it; built again in a thread (`_build`) when it fills up.
+        self._filter: KeyFilter | None = None
+        self._build: FilterBuild | None = None
+        if self.db.execute("SELECT 1 FROM keys LIMIT 1").fetchone() is None:
+            self._filter = KeyFilter(0)
+        else:
+            self._start_build()
 
     def _connect(self, cache_kib: int) -> sqlite3.Connection:
         return connect(self.path, cache_kib)
@@ -118,6 +217,12 @@ class KeyIndex:
 
     def lookup_many(self, topic: str, keys: list[str]) -> dict[str, tuple[int, int, int | None]]:
         out: dict[str, tuple[int, int, int | None]] = {}
+        if self._build is not None and self._build.done:
+            self._install()
+        if self._filter is not None:
+            keys = self._filter.maybe(topic, keys)  # usually none: new keys
+            if not keys:
+                return out
         cur, old = self._current.get(topic, _EMPTY), self._flushing.get(topic, _EMPTY)
         ask = [k for k in keys if k not in cur and k not in old]  # usually all: new keys
         if len(ask) < len(keys):
@@ -126,7 +231,7 @@ class KeyIndex:
                 if hit is _MISS:
                     hit = old.get(k)
                 if hit is not None:  # None: released
-                    out[k] = (hit[0], hit[1], None)
+                    out[k] = (*held_by(hit, k), None)
         for i in range(0, len(ask), 900):  # SQLite's bound-parameter limit is generous; stay well under
             part = ask[i:i + 900]
             marks = ",".join("?" * len(part))
@@ -142,6 +247,8 @@ class KeyIndex:
         if not rows:
             return
         self._ops.append(("put", rows))
+        for topic, run in groupby(rows, itemgetter(0)):
+            self._added(topic, [r[1] for r in run])
         cur = self._current
         last_topic, d = None, None
         for topic, key, seq, deliver_at in rows:
@@ -156,15 +263,48 @@ class KeyIndex:
         """put_many for consecutive messages of one topic: message `first_seq + i` holds
         `keys[i]` (None: it has no key), due `dues[i]`. The rows are built by `apply`, in the
         worker thread. Neither sequence may change afterwards."""
+        if len(keys) != len(dues):
+            raise ValueError(f"{len(keys)} keys, {len(dues)} due times")
         self._ops.append(("run", (topic, keys, first_seq, dues)))
+        self._added(topic, keys)
         d = self._current.get(topic)
         if d is None:
             d = self._current[topic] = {}
-        seq = first_seq
-        for key, due in zip(keys, dues, strict=True):
-            if key is not None:
-                d[key] = (seq, due)
-            seq += 1
+        # One shared value, no object per key; a keyless message's None is added too, then dropped.
+        d.update(zip(keys, repeat(Run(keys, first_seq, dues))))  # type: ignore[arg-type]
+        d.pop(None, None)  # type: ignore[call-overload]
+
+    # -- the key filter -------------------------------------------------------------------------
+    def _added(self, topic: str, keys: Sequence[str | None]) -> None:
+        """`keys` of `topic` are (about to be) in the overlay: the filter must know them."""
+        f = self._filter
+        if f is not None:
+            f.add(topic, keys)
+            if f.full and self._build is None:
+                self._start_build()
+        if self._build is not None:
+            self._build.recorded.append((topic, keys))
+
+    def _start_build(self) -> None:
+        recorded: list[tuple[str, Sequence[str | None]]] = [
+            (topic, list(d)) for part in (self._current, self._flushing) for topic, d in part.items()]
+        self._build = FilterBuild(self.path, recorded)
+        self._build.start()
+
+    def _install(self) -> None:
+        b, self._build = self._build, None
+        assert b is not None
+        if b.result is not None:
+            for topic, keys in b.recorded:
+                b.result.add(topic, keys)
+            self._filter = b.result
+
+    @property
+    def filter_ready(self) -> bool:
+        """Whether lookups consult a complete filter (installing a finished build first)."""
+        if self._build is not None and self._build.done:
+            self._install()
+        return self._filter is not None
 
     def release(self, topic: str, key: str, seq: int) -> None:
         """The key is free again (its message was cancelled)."""
@@ -173,7 +313,7 @@ class KeyIndex:
         held = d.get(key, _MISS)
         if held is _MISS:
             held = self._flushing.get(topic, _EMPTY).get(key, _MISS)
-        if held is _MISS or held is None or held[0] == seq:  # type: ignore[index]
+        if held is _MISS or held is None or held_by(held, key)[0] == seq:  # type: ignore[arg-type]
             d[key] = None
 
     def delivered(self, rows: list[tuple[int, str, str, int]]) -> None:
@@ -235,6 +375,10 @@ class KeyIndex:
         return int(self.db.execute("SELECT count(*) FROM keys").fetchone()[0])
 
     def reset(self) -> None:
+        if self._build is not None:
+            self._build.cancel()
+            self._build = None
+        self._filter = KeyFilter(0)
         self._ops.clear()
         self._current, self._flushing = {}, {}
         self.writer.execute("DELETE FROM keys")
@@ -245,5 +389,7 @@ class KeyIndex:
         return sum(p.stat().st_size for p in self.path.parent.glob(self.path.name + "*"))
 
     def close(self) -> None:
+        if self._build is not None:
+            self._build.cancel()
         self.writer.close()
         self.db.close()

@@ -1,13 +1,17 @@
 """KeyIndex: what a lookup answers from the overlay (queued writes) and from SQLite (applied
-ones), and `put_run` (the compiled produce path's form) against `put_many` (the reference)."""
+ones), `put_run` (the compiled produce path's form) against `put_many` (the reference), and the
+key filter in front of both: built in a thread, never missing a key put meanwhile."""
 
 from __future__ import annotations
 
 import tempfile
+import time
 from array import array
 from pathlib import Path
 
-from delayd.storage.keyindex import KeyIndex
+import pytest
+from delayd.storage import keyfilter
+from delayd.storage.keyindex import FilterBuild, KeyIndex
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -69,5 +73,123 @@ def test_a_key_is_answered_before_and_after_its_write_and_released_by_its_own_me
         assert ki.lookup("t", "x") is None and ki.lookup("t", "y") == (12, 102, None)
         ki.commit(6)
         assert rows_of(ki) == [("t", "y", 12, 102, None)]
+    finally:
+        ki.close()
+
+
+# -- the key filter (storage.keyfilter) in front of the lookups ------------------------------------
+def queries(ki: KeyIndex) -> list[str]:
+    seen: list[str] = []
+    ki.db.set_trace_callback(seen.append)
+    return seen
+
+
+def held_index(path: Path, keys: list[str]) -> None:
+    ki = KeyIndex(path)
+    ki.put_run("t", keys, 1, list(range(len(keys))))
+    ki.commit(len(keys))
+    ki.close()
+
+
+def test_new_keys_are_answered_from_the_filter_without_a_query(tmp_path: Path) -> None:
+    held_index(tmp_path / "keys.sqlite", ["old"])
+    ki = KeyIndex(tmp_path / "keys.sqlite")  # not empty: the filter is built in a thread
+    try:
+        assert ki.lookup_many("t", ["old", "new"]) == {"old": (1, 0, None)}  # answered meanwhile too
+        deadline = time.monotonic() + 10
+        while not ki.filter_ready:
+            assert time.monotonic() < deadline, "the key filter was never built"
+            time.sleep(0.01)
+        seen = queries(ki)
+        assert ki.lookup_many("t", [f"new-{i}" for i in range(100)]) == {}
+        assert not [q for q in seen if q.startswith("SELECT")]  # a false "maybe" or two at most would query
+        assert ki.lookup_many("t", ["old"]) == {"old": (1, 0, None)}
+        assert [q for q in seen if q.startswith("SELECT")]
+    finally:
+        ki.close()
+
+
+def test_keys_put_while_the_filter_is_built_are_never_missed(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hard case: a key put after the build began, written to the database after the scan's
+    snapshot, then dropped from the overlay. Only the build's recorded keys know it."""
+    monkeypatch.setattr(FilterBuild, "start", lambda self: None)  # this test runs the scan itself
+    held_index(tmp_path / "keys.sqlite", ["old"])
+    ki = KeyIndex(tmp_path / "keys.sqlite")
+    try:
+        build = ki._build
+        assert build is not None and not ki.filter_ready
+        ki.put_run("t", ["in-overlay"], 2, [2])  # before the second build begins: in its overlay
+        build.scan()  # the snapshot: "old" only
+        ki.put_run("t", ["after-scan"], 3, [3])
+        ki.commit(3)  # both written, the overlay dropped
+        assert ki.filter_ready  # the first filter: scan + recorded keys
+        assert ki.lookup_many("t", ["old", "in-overlay", "after-scan"]) == {
+            "old": (1, 0, None), "in-overlay": (2, 2, None), "after-scan": (3, 3, None)}
+
+        ki.put_run("t", ["queued"], 4, [4])  # in the overlay when the next build begins
+        ki._start_build()
+        second = ki._build
+        assert second is not None
+        second.scan()  # "queued" is not in this snapshot
+        ki.put_run("t", ["later"], 5, [5])
+        ki.commit(5)
+        assert ki.filter_ready and ki._filter is second.result
+        assert set(ki.lookup_many("t", ["old", "in-overlay", "after-scan", "queued", "later"])) == {
+            "old", "in-overlay", "after-scan", "queued", "later"}
+    finally:
+        ki.close()
+
+
+def test_a_full_filter_is_built_again_bigger_and_still_knows_every_key(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(keyfilter, "MIN_CAPACITY", 64)
+    ki = KeyIndex(tmp_path / "keys.sqlite")
+    try:
+        first = ki._filter
+        assert first is not None and first.capacity == 64
+        names = [f"k{i}" for i in range(400)]
+        for i in range(0, 400, 20):  # 20 a batch, written every other batch
+            ki.put_run("t", names[i:i + 20], 1 + i, list(range(20)))
+            if i % 40:
+                ki.commit(i)
+            assert set(ki.lookup_many("t", names[:i + 20])) == set(names[:i + 20])
+        deadline = time.monotonic() + 10
+        while ki._build is not None or ki._filter is first:
+            assert time.monotonic() < deadline, "the full filter was never built again"
+            ki.lookup_many("t", ["poll"])
+            time.sleep(0.01)
+        assert ki._filter is not None and ki._filter.capacity > 64
+        assert set(ki.lookup_many("t", names)) == set(names)
+    finally:
+        ki.close()
+
+
+def test_the_batch_that_fills_the_filter_is_in_the_next_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(keyfilter, "MIN_CAPACITY", 64)
+    monkeypatch.setattr(FilterBuild, "start", lambda self: None)  # this test runs the scan itself
+    ki = KeyIndex(tmp_path / "keys.sqlite")
+    try:
+        names = [f"k{i}" for i in range(65)]
+        ki.put_run("t", names, 1, list(range(65)))  # fills the first filter: a build begins
+        build = ki._build
+        assert build is not None
+        build.scan()  # before the batch is written: not in the snapshot
+        ki.commit(65)
+        assert ki.filter_ready and ki._filter is build.result
+        assert set(ki.lookup_many("t", names)) == set(names)
+    finally:
+        ki.close()
+
+
+def test_reset_forgets_the_filter_too(tmp_path: Path) -> None:
+    held_index(tmp_path / "keys.sqlite", ["old"])
+    ki = KeyIndex(tmp_path / "keys.sqlite")
+    try:
+        ki.reset()
+        assert ki.filter_ready and ki.lookup_many("t", ["old"]) == {}
+        ki.put_run("t", ["old"], 7, [7])
+        ki.commit(7)
+        assert ki.lookup("t", "old") == (7, 7, None)
     finally:
         ki.close()

@@ -1,0 +1,121 @@
+/*
+ * The key filter's two batch functions (specified by storage/keyfilter.py, the reference, with
+ * its byte table): filter_add and filter_maybe over a blocked Bloom filter held in a bytearray.
+ * A pair's hash is built from Python's own hash of the key and of the topic (cached by str
+ * objects), so both implementations agree within a process; the filter is never stored.
+ */
+#include "batch_core.h"
+
+#define KF_BLOCK 64
+#define KF_PROBES 6
+#define KF_GOLDEN 0x9E3779B97F4A7C15ull
+
+static inline uint64_t kf_mix(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* The filter's bytes (held as a writable export: the bytearray cannot be resized meanwhile), the
+ * topic's part of every pair's hash, and the keys as a fast sequence. */
+typedef struct {
+    Buf bits;
+    uint64_t nblocks, topic_part;
+    PyObject *keys;
+} KfArgs;
+
+static int kf_open(PyObject *args, KfArgs *a) {
+    PyObject *bo, *topic, *keys;
+    a->bits.held = 0;
+    a->keys = NULL;
+    if (!PyArg_ParseTuple(args, "OOO", &bo, &topic, &keys)) return -1;
+    if (!PyByteArray_Check(bo)) { PyErr_SetString(PyExc_TypeError, "bits: expected a bytearray"); return -1; }
+    Py_ssize_t len = PyByteArray_GET_SIZE(bo);
+    if (len == 0 || len % KF_BLOCK) {
+        PyErr_Format(PyExc_ValueError, "bits: %zd bytes is not a whole number of %d-byte blocks", len, KF_BLOCK);
+        return -1;
+    }
+    if (!PyUnicode_Check(topic)) { PyErr_SetString(PyExc_TypeError, "topic: expected a str"); return -1; }
+    if (!PyList_Check(keys) && !PyTuple_Check(keys)) {
+        PyErr_SetString(PyExc_TypeError, "keys: expected a list or a tuple");
+        return -1;
+    }
+    Py_hash_t th = PyObject_Hash(topic);
+    if (th == -1) return -1;
+    if (buf_get(bo, &a->bits, 1, "bits") < 0) return -1;
+    a->nblocks = (uint64_t)len / KF_BLOCK;
+    a->topic_part = (uint64_t)th * KF_GOLDEN;
+    Py_INCREF(keys);
+    a->keys = keys;
+    return 0;
+}
+
+static void kf_close(KfArgs *a) {
+    buf_release(&a->bits);
+    Py_XDECREF(a->keys);
+}
+
+/* The bit numbers (within the filter) of one pair. */
+static inline void kf_places(const KfArgs *a, Py_hash_t kh, uint64_t place[KF_PROBES]) {
+    uint64_t z = kf_mix((uint64_t)kh + a->topic_part);
+    uint64_t base = (((z & 0xFFFFFFFFull) * a->nblocks) >> 32) * KF_BLOCK * 8;
+    uint64_t w = kf_mix(z);
+    for (int i = 0; i < KF_PROBES; i++) place[i] = base + ((w >> (9 * i)) & 511);
+}
+
+/* The hash of keys[i], or -1 with an exception set; *none is set for None. The key is held
+ * while it is hashed (a __hash__ of another type could change the list meanwhile). */
+static inline Py_hash_t kf_hash(PyObject *keys, Py_ssize_t i, int *none) {
+    PyObject *key = PySequence_Fast_GET_ITEM(keys, i);
+    *none = key == Py_None;
+    if (*none) return 0;
+    Py_INCREF(key);
+    Py_hash_t h = PyObject_Hash(key);
+    Py_DECREF(key);
+    return h;
+}
+
+PyObject *filter_add(PyObject *self, PyObject *args) {
+    KfArgs a;
+    if (kf_open(args, &a) < 0) { kf_close(&a); return NULL; }
+    uint8_t *bits = a.bits.view.buf;
+    long long n = 0;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(a.keys); i++) {
+        int none;
+        Py_hash_t h = kf_hash(a.keys, i, &none);
+        if (none) continue;
+        if (h == -1) { kf_close(&a); return NULL; }
+        uint64_t place[KF_PROBES];
+        kf_places(&a, h, place);
+        for (int k = 0; k < KF_PROBES; k++) bits[place[k] >> 3] |= (uint8_t)(1u << (place[k] & 7));
+        n++;
+    }
+    kf_close(&a);
+    return PyLong_FromLongLong(n);
+}
+
+PyObject *filter_maybe(PyObject *self, PyObject *args) {
+    KfArgs a;
+    if (kf_open(args, &a) < 0) { kf_close(&a); return NULL; }
+    const uint8_t *bits = a.bits.view.buf;
+    PyObject *out = PyList_New(0);
+    if (!out) { kf_close(&a); return NULL; }
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(a.keys); i++) {
+        int none;
+        Py_hash_t h = kf_hash(a.keys, i, &none);
+        if (none) continue;
+        if (h == -1) goto fail;
+        uint64_t place[KF_PROBES];
+        kf_places(&a, h, place);
+        int all = 1;
+        for (int k = 0; k < KF_PROBES && all; k++) all = (bits[place[k] >> 3] >> (place[k] & 7)) & 1;
+        if (all && i < PySequence_Fast_GET_SIZE(a.keys) && PyList_Append(out, PySequence_Fast_GET_ITEM(a.keys, i)) < 0)
+            goto fail;
+    }
+    kf_close(&a);
+    return out;
+fail:
+    Py_DECREF(out);
+    kf_close(&a);
+    return NULL;
+}

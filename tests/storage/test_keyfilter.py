@@ -1,0 +1,87 @@
+"""The key filter (storage/keyfilter.py): the compiled `filter_add`/`filter_maybe` against the
+Python reference, bit for bit, damaged input included; and the one promise lookups rely on: a
+pair that was added is always a "maybe". `make asan` runs this file with AddressSanitizer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from delayd.storage import keyfilter as ref
+from delayd.storage.keyfilter import BLOCK, KeyFilter
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+c = pytest.importorskip("delayd.storage._batch", reason="the compiled batch core is built by pip install")
+
+TOPICS = st.sampled_from(["t", "orders", "ü-topic", ""])
+KEYS = st.lists(st.none() | st.text(max_size=12) | st.integers(-2**70, 2**70), max_size=40)
+
+
+def outcome(f: Any, *args: Any) -> Any:
+    try:
+        return ("ok", f(*args))
+    except Exception as e:  # noqa: BLE001 - the kind of failure is what is compared
+        return ("error", type(e))
+
+
+@settings(max_examples=200, deadline=None)
+@given(blocks=st.integers(1, 6), seed=st.binary(min_size=0, max_size=64), topic=TOPICS, keys=KEYS,
+       asked=KEYS)
+def test_compiled_add_and_maybe_match_the_reference(blocks: int, seed: bytes, topic: str, keys: list[Any],
+                                                      asked: list[Any]) -> None:
+    start = bytearray((seed * (blocks * BLOCK))[:blocks * BLOCK]) if seed else bytearray(blocks * BLOCK)
+    b_c, b_ref = bytearray(start), bytearray(start)
+    assert c.filter_add(b_c, topic, keys) == ref.filter_add(b_ref, topic, keys) == sum(k is not None for k in keys)
+    assert b_c == b_ref
+    assert c.filter_maybe(b_c, topic, asked) == ref.filter_maybe(b_ref, topic, asked)
+    # what was added is always a "maybe", in order, None left out
+    assert c.filter_maybe(b_c, topic, keys) == [k for k in keys if k is not None]
+    assert c.filter_add(b_c, topic, tuple(keys)) == ref.filter_add(b_ref, topic, tuple(keys))
+    assert b_c == b_ref
+
+
+def test_an_empty_filter_holds_nothing_and_a_full_one_answers_only_a_few_false_maybes() -> None:
+    f = KeyFilter(0)
+    asked = [f"new-{i}" for i in range(20_000)]
+    assert f.maybe("t", asked) == []
+    f.add("t", [f"old-{i}" for i in range(f.capacity)])
+    assert f.full is False
+    f.add("t", ["one more"])
+    assert f.full is True
+    false = len(f.maybe("t", asked))
+    assert 0 < false < 0.03 * len(asked)  # BITS_PER_KEY 10, PROBES 6: about 1% at capacity
+    assert len(f.maybe("other", [f"old-{i}" for i in range(20_000)])) < 0.05 * 20_000  # the topic is hashed too
+
+
+@pytest.mark.parametrize("bits, topic, keys, error", [
+    (b"\0" * 64, "t", ["k"], TypeError),  # not a bytearray
+    (memoryview(bytearray(64)), "t", ["k"], TypeError),
+    (bytearray(0), "t", ["k"], ValueError),  # no block
+    (bytearray(65), "t", ["k"], ValueError),  # a cut block
+    (bytearray(64), b"t", ["k"], TypeError),  # topic not a str
+    (bytearray(64), "t", "k", TypeError),  # keys not a list or tuple
+    (bytearray(64), "t", iter(["k"]), TypeError),
+    (bytearray(64), "t", ["k", ["unhashable"]], TypeError),
+])
+def test_damaged_input_fails_the_same_way_in_both(bits: Any, topic: Any, keys: Any, error: type) -> None:
+    for name in ("filter_add", "filter_maybe"):
+        for impl in (c, ref):
+            with pytest.raises(error):
+                getattr(impl, name)(bits, topic, keys)
+
+
+def test_a_key_whose_hash_changes_the_list_is_not_read_past_its_end() -> None:
+    keys: list[Any] = []
+
+    class Shrinks:
+        def __hash__(self) -> int:
+            keys.clear()
+            return 7
+
+    for impl in (c, ref):
+        keys[:] = [Shrinks(), "a", "b"]
+        bits = bytearray(64)
+        impl.filter_add(bits, "t", keys)  # must not read the items that are gone
+        keys[:] = [Shrinks(), "a", "b"]
+        assert len(impl.filter_maybe(bits, "t", keys)) <= 1
