@@ -2,8 +2,8 @@
 
     .venv/bin/python -m bench.keyindex_costs
 
-A 300,000-key index, then 20 rounds of 1,000 new keys: the batched lookup a produce makes,
-the overlay update (`put_run`, as a produce makes it), the SQLite write the checkpoint makes in a worker thread
+A 300,000-key index, then 20 rounds of 1,000 new keys: the batched lookup a produce makes (with
+the key filter, and without it: the SQLite query it spares), the overlay update (`put_run`, as a produce makes it), the SQLite write the checkpoint makes in a worker thread
 (`apply`) and dropping the overlay afterwards (`applied`). Prints microseconds per key.
 """
 
@@ -22,15 +22,30 @@ def main() -> None:
         for b in range(0, 300_000, 1000):
             ki.put_many([("bench", f"pre-{b}-{i}", b + i, 0) for i in range(1000)])
         ki.commit(1)
+        while not ki.filter_ready or ki._build is not None:  # the key filter's builds, in a thread
+            time.sleep(0.01)
         keys = [f"order-x-{i}" for i in range(1000)]
+        f = ki._filter
+        assert f is not None
+        asked = [[k + str(r) for k in keys] for r in range(20)]
         t = time.perf_counter()
         for r in range(20):
-            ki.lookup_many("bench", [k + str(r) for k in keys])
-        print(f"lookup_many (batched, absent keys): {(time.perf_counter() - t) / 20_000 * 1e6:.2f} us/key")
+            ki.lookup_many("bench", asked[r])
+        print(f"lookup_many (batched, absent keys): {(time.perf_counter() - t) / 20_000 * 1e6:.2f} us/key "
+              f"(key filter {len(f.bits) // 1024} KiB for {f.capacity:,} keys, "
+              f"{sum(len(f.maybe('bench', [k + str(r) for k in keys])) for r in range(20)) / 200:.2f}% false maybes)")
+        ki._filter = None  # what each of those keys cost before the filter: the SQLite lookup
+        asked = [[k + "s" + str(r) for k in keys] for r in range(20)]
+        t = time.perf_counter()
+        for r in range(20):
+            ki.lookup_many("bench", asked[r])
+        print(f"  the same without the key filter:  {(time.perf_counter() - t) / 20_000 * 1e6:.2f} us/key")
+        ki._filter = f
         dues = memoryview(bytes(8 * len(keys))).cast("q")
+        put = [[k + "p" + str(r) for k in keys] for r in range(20)]
         t = time.perf_counter()
         for r in range(20):
-            ki.put_run("bench", [k + "p" + str(r) for k in keys], r * 1000, dues)
+            ki.put_run("bench", put[r], r * 1000, dues)
         print(f"put_run (overlay):                  {(time.perf_counter() - t) / 20_000 * 1e6:.2f} us/key")
         ops = ki.take_ops()
         t = time.perf_counter()

@@ -298,6 +298,8 @@ class KeyIndex:
             for topic, keys in b.recorded:
                 b.result.add(topic, keys)
             self._filter = b.result
+            if b.result.full:  # filled while it was built: again, bigger
+                self._start_build()
 
     @property
     def filter_ready(self) -> bool:
