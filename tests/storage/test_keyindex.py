@@ -182,6 +182,29 @@ def test_the_batch_that_fills_the_filter_is_in_the_next_one(tmp_path: Path, monk
         ki.close()
 
 
+def test_a_filter_that_filled_up_while_it_was_built_is_built_again(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(keyfilter, "MIN_CAPACITY", 64)
+    monkeypatch.setattr(FilterBuild, "start", lambda self: None)  # this test runs the scans itself
+    held_index(tmp_path / "keys.sqlite", ["old"])
+    ki = KeyIndex(tmp_path / "keys.sqlite")
+    try:
+        first = ki._build
+        assert first is not None
+        first.scan()  # sized for the one key it saw
+        names = [f"k{i}" for i in range(100)]
+        ki.put_run("t", names, 2, list(range(100)))  # recorded: more than the filter was sized for
+        assert ki.filter_ready and ki._filter is first.result and first.result.full
+        second = ki._build
+        assert second is not None and second is not first  # begun at once, not at the next put
+        second.scan()
+        ki.commit(101)
+        assert ki.filter_ready and ki._filter is second.result and not second.result.full
+        assert set(ki.lookup_many("t", ["old", *names])) == {"old", *names}
+    finally:
+        ki.close()
+
+
 def test_reset_forgets_the_filter_too(tmp_path: Path) -> None:
     held_index(tmp_path / "keys.sqlite", ["old"])
     ki = KeyIndex(tmp_path / "keys.sqlite")
