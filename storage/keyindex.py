@@ -277,6 +277,8 @@ class KeyIndex:
     # -- the key filter -------------------------------------------------------------------------
     def _added(self, topic: str, keys: Sequence[str | None]) -> None:
         """`keys` of `topic` are (about to be) in the overlay: the filter must know them."""
+        if self._build is not None and self._build.done:
+            self._install()  # here too: a follower only puts, and the recorded keys would pile up
         f = self._filter
         if f is not None:
             f.add(topic, keys)

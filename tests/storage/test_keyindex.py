@@ -57,6 +57,64 @@ def test_put_run_answers_and_stores_what_put_many_does(runs: list[tuple[str, lis
             run.close()
 
 
+FEW = st.sampled_from(["k0", "k1", "k2"])  # so that operations meet on the same keys
+TOPIC = st.sampled_from(["a", "b"])
+OPS = st.lists(st.one_of(
+    st.tuples(st.just("put"), st.lists(st.tuples(TOPIC, FEW), min_size=1, max_size=5)),
+    st.tuples(st.just("run"), TOPIC, st.lists(st.none() | FEW, min_size=1, max_size=5)),
+    st.tuples(st.just("release"), TOPIC, FEW, st.none() | st.integers(1, 40)),
+    st.tuples(st.just("delivered"), TOPIC, FEW, st.none() | st.integers(1, 40)),
+    st.tuples(st.just("expire"), st.integers(0, 60)),
+    st.just(("commit",))), max_size=25)
+
+
+@settings(max_examples=100, deadline=None, database=None, derandomize=True)
+@given(ops=OPS)
+def test_the_written_index_is_what_the_operations_say_in_their_order(ops: list[tuple]) -> None:
+    """What `apply` writes, in whatever way it writes it: a later put of a key wins over an
+    earlier one, and a release, a delivery or an expiry sees exactly the puts queued before it."""
+    model: dict[tuple[str, str], tuple[int, int, int | None]] = {}
+    seq = 1
+    with tempfile.TemporaryDirectory() as d:
+        ki = KeyIndex(Path(d) / "keys.sqlite")
+        try:
+            for op in ops:
+                if op[0] == "put":
+                    rows = [(t, k, seq + i, 100 + seq + i) for i, (t, k) in enumerate(op[1])]
+                    ki.put_many(rows)
+                    for t, k, s, due in rows:
+                        model[(t, k)] = (s, due, None)
+                    seq += len(rows)
+                elif op[0] == "run":
+                    _, t, keys = op
+                    ki.put_run(t, keys, seq, [100 + seq + i for i in range(len(keys))])
+                    for i, k in enumerate(keys):
+                        if k is not None:
+                            model[(t, k)] = (seq + i, 100 + seq + i, None)
+                    seq += len(keys)
+                elif op[0] == "release":  # of the key's holder (None), or of some message
+                    _, t, k, s = op
+                    s = model.get((t, k), (0,))[0] if s is None else s
+                    ki.release(t, k, s)
+                    if model.get((t, k), (None,))[0] == s:
+                        del model[(t, k)]
+                elif op[0] == "delivered":
+                    _, t, k, s = op
+                    s = model.get((t, k), (0,))[0] if s is None else s
+                    ki.delivered([(s, t, k, s)])
+                    if model.get((t, k), (None,))[0] == s:
+                        model[(t, k)] = (*model[(t, k)][:2], s)
+                elif op[0] == "expire":
+                    ki.expire(op[1])
+                    model = {tk: v for tk, v in model.items() if v[2] is None or v[2] >= op[1]}
+                else:
+                    ki.commit(seq)
+            ki.commit(seq)
+            assert rows_of(ki) == sorted((t, k, *v) for (t, k), v in model.items())
+        finally:
+            ki.close()
+
+
 def test_a_key_is_answered_before_and_after_its_write_and_released_by_its_own_message(tmp_path: Path) -> None:
     ki = KeyIndex(tmp_path / "keys.sqlite")
     try:
@@ -201,6 +259,25 @@ def test_a_filter_that_filled_up_while_it_was_built_is_built_again(tmp_path: Pat
         ki.commit(101)
         assert ki.filter_ready and ki._filter is second.result and not second.result.full
         assert set(ki.lookup_many("t", ["old", *names])) == {"old", *names}
+    finally:
+        ki.close()
+
+
+def test_a_finished_build_is_installed_by_puts_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A follower only puts and never looks a key up: the build must not wait for a lookup, or
+    its recorded keys would pile up in memory."""
+    monkeypatch.setattr(FilterBuild, "start", lambda self: None)  # this test runs the scan itself
+    held_index(tmp_path / "keys.sqlite", ["old"])
+    ki = KeyIndex(tmp_path / "keys.sqlite")
+    try:
+        build = ki._build
+        assert build is not None
+        build.scan()
+        ki.put_run("t", ["new"], 2, [2])
+        assert ki._build is None and ki._filter is build.result and build.recorded == []
+        ki.put_many([("t", "newer", 3, 3)])
+        ki.commit(3)
+        assert set(ki.lookup_many("t", ["old", "new", "newer", "never"])) == {"old", "new", "newer"}
     finally:
         ki.close()
 
