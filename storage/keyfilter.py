@@ -3,7 +3,7 @@
 Most keys a producer sends are new. Without a filter every one of them costs a B-tree lookup in
 keys.sqlite on the event loop (1.0-1.5 µs a key, a third of a keyed produce); with it, a key the
 filter has never seen is known to be free after one probe of one cache line, and only the keys
-the filter may hold (those held, and about 1% more: false positives) are looked up.
+the filter may hold (those held, and at most about 2.5% more: false positives) are looked up.
 
 It is a blocked Bloom filter (Putze, Sanders and Singler, "Cache-, Hash- and Space-Efficient
 Bloom Filters", 2007), in memory only: never written to disk, built again in every process
@@ -39,7 +39,7 @@ from delayd.storage import native
 
 BLOCK = 64  # bytes a block
 PROBES = 6
-BITS_PER_KEY = 10  # at capacity: about 1% false positives
+BITS_PER_KEY = 8  # at capacity: about 2.5% false positives
 MIN_CAPACITY = 1 << 16
 GOLDEN = 0x9E3779B97F4A7C15
 M64 = (1 << 64) - 1

@@ -50,7 +50,7 @@ def test_an_empty_filter_holds_nothing_and_a_full_one_answers_only_a_few_false_m
     f.add("t", ["one more"])
     assert f.full is True
     false = len(f.maybe("t", asked))
-    assert 0 < false < 0.03 * len(asked)  # BITS_PER_KEY 10, PROBES 6: about 1% at capacity
+    assert 0 < false < 0.04 * len(asked)  # BITS_PER_KEY 8, PROBES 6: about 2.5% at capacity
     assert len(f.maybe("other", [f"old-{i}" for i in range(20_000)])) < 0.05 * 20_000  # the topic is hashed too
 
 
