@@ -245,14 +245,14 @@ BATCH_HIDDEN PyObject *tally(PyObject *self, PyObject *args);
 
 /* batch_pull.c: pull and ack */
 BATCH_HIDDEN PyObject *read_plan(PyObject *self, PyObject *args);
+BATCH_HIDDEN PyObject *encode_pull(PyObject *self, PyObject *args);
+BATCH_HIDDEN PyObject *parse_receipts(PyObject *self, PyObject *args);
+BATCH_HIDDEN PyObject *take_rows(PyObject *self, PyObject *args);
 
 /* ------------------------------------------------------------------------------------------ */
 /* the key filter (batch_keys.c)                                                               */
 
 BATCH_HIDDEN PyObject *filter_add(PyObject *self, PyObject *args);
 BATCH_HIDDEN PyObject *filter_maybe(PyObject *self, PyObject *args);
-BATCH_HIDDEN PyObject *encode_pull(PyObject *self, PyObject *args);
-BATCH_HIDDEN PyObject *parse_receipts(PyObject *self, PyObject *args);
-BATCH_HIDDEN PyObject *take_rows(PyObject *self, PyObject *args);
 
 #endif /* DELAYD_BATCH_CORE_H */

@@ -51,37 +51,36 @@ def mix(z: int) -> int:
     return z ^ (z >> 31)
 
 
-def _blocks(bits: Any) -> int:
+def _checked(bits: Any, topic: Any, keys: Any) -> tuple[int, int]:
+    """The filter's block count and the topic's part of every pair's hash, once the arguments
+    are checked (in the compiled functions' order)."""
     if not isinstance(bits, bytearray):
         raise TypeError("bits: expected a bytearray")
     if len(bits) == 0 or len(bits) % BLOCK:
         raise ValueError(f"bits: {len(bits)} bytes is not a whole number of {BLOCK}-byte blocks")
-    return len(bits) // BLOCK
+    if not isinstance(topic, str):
+        raise TypeError("topic: expected a str")
+    if not isinstance(keys, (list, tuple)):
+        raise TypeError("keys: expected a list or a tuple")
+    return len(bits) // BLOCK, (hash(topic) & M64) * GOLDEN
 
 
-def _places(z: int, nblocks: int) -> list[int]:
+def _places(key: Any, topic_part: int, nblocks: int) -> list[int]:
+    """The bit numbers (within the filter) of the pair (topic, key)."""
+    z = mix(((hash(key) & M64) + topic_part) & M64)
     base = (((z & 0xFFFFFFFF) * nblocks) >> 32) * BLOCK * 8
     w = mix(z)
     return [base + ((w >> (9 * i)) & 511) for i in range(PROBES)]
 
 
-def _topic_part(topic: str) -> int:
-    if not isinstance(topic, str):
-        raise TypeError("topic: expected a str")
-    return (hash(topic) & M64) * GOLDEN
-
-
 def filter_add(bits: bytearray, topic: str, keys: Sequence[Any]) -> int:
     """Add (topic, key) for every key that is not None; the number added."""
-    nblocks = _blocks(bits)
-    t = _topic_part(topic)
-    if not isinstance(keys, (list, tuple)):
-        raise TypeError("keys: expected a list or a tuple")
+    nblocks, t = _checked(bits, topic, keys)
     n = 0
     for key in keys:
         if key is None:
             continue
-        for p in _places(mix(((hash(key) & M64) + t) & M64), nblocks):
+        for p in _places(key, t, nblocks):
             bits[p >> 3] |= 1 << (p & 7)
         n += 1
     return n
@@ -90,12 +89,9 @@ def filter_add(bits: bytearray, topic: str, keys: Sequence[Any]) -> int:
 def filter_maybe(bits: bytearray, topic: str, keys: Sequence[Any]) -> list[Any]:
     """The keys (in order, None left out) whose pair may have been added; for every other key
     the pair certainly was not."""
-    nblocks = _blocks(bits)
-    t = _topic_part(topic)
-    if not isinstance(keys, (list, tuple)):
-        raise TypeError("keys: expected a list or a tuple")
+    nblocks, t = _checked(bits, topic, keys)
     return [key for key in keys if key is not None and all(
-        bits[p >> 3] >> (p & 7) & 1 for p in _places(mix(((hash(key) & M64) + t) & M64), nblocks))]
+        bits[p >> 3] >> (p & 7) & 1 for p in _places(key, t, nblocks))]
 
 
 class KeyFilter:

@@ -223,8 +223,7 @@ class KeyIndex:
 
     def lookup_many(self, topic: str, keys: list[str]) -> dict[str, tuple[int, int, int | None]]:
         out: dict[str, tuple[int, int, int | None]] = {}
-        if self._build is not None and self._build.done:
-            self._install()
+        self._install_finished()
         if self._filter is not None:
             keys = self._filter.maybe(topic, keys)  # usually none: new keys
             if not keys:
@@ -283,8 +282,7 @@ class KeyIndex:
     # -- the key filter -------------------------------------------------------------------------
     def _added(self, topic: str, keys: Sequence[str | None]) -> None:
         """`keys` of `topic` are (about to be) in the overlay: the filter must know them."""
-        if self._build is not None and self._build.done:
-            self._install()  # here too: a follower only puts, and the recorded keys would pile up
+        self._install_finished()  # here too: a follower only puts, and the recorded keys would pile up
         f = self._filter
         if f is not None:
             f.add(topic, keys)
@@ -299,9 +297,13 @@ class KeyIndex:
         self._build = FilterBuild(self.path, recorded)
         self._build.start()
 
-    def _install(self) -> None:
-        b, self._build = self._build, None
-        assert b is not None
+    def _install_finished(self) -> None:
+        """Install the filter a finished build made (a failed build is dropped: lookups go on
+        without a filter)."""
+        b = self._build
+        if b is None or not b.done:
+            return
+        self._build = None
         if b.result is not None:
             for topic, keys in b.recorded:
                 b.result.add(topic, keys)
@@ -312,8 +314,7 @@ class KeyIndex:
     @property
     def filter_ready(self) -> bool:
         """Whether lookups consult a complete filter (installing a finished build first)."""
-        if self._build is not None and self._build.done:
-            self._install()
+        self._install_finished()
         return self._filter is not None
 
     def release(self, topic: str, key: str, seq: int) -> None:
