@@ -149,6 +149,16 @@ def held_index(path: Path, keys: list[str]) -> None:
     ki.close()
 
 
+def reopened_with_a_pending_build(path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[KeyIndex, FilterBuild]:
+    """An index holding "old", opened again with its filter build begun but not run: the test
+    runs the scan itself, at the moment it means to."""
+    monkeypatch.setattr(FilterBuild, "start", lambda self: None)
+    held_index(path, ["old"])
+    ki = KeyIndex(path)
+    assert ki._build is not None
+    return ki, ki._build
+
+
 def test_new_keys_are_answered_from_the_filter_without_a_query(tmp_path: Path) -> None:
     held_index(tmp_path / "keys.sqlite", ["old"])
     ki = KeyIndex(tmp_path / "keys.sqlite")  # not empty: the filter is built in a thread
@@ -171,12 +181,9 @@ def test_keys_put_while_the_filter_is_built_are_never_missed(tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """The hard case: a key put after the build began, written to the database after the scan's
     snapshot, then dropped from the overlay. Only the build's recorded keys know it."""
-    monkeypatch.setattr(FilterBuild, "start", lambda self: None)  # this test runs the scan itself
-    held_index(tmp_path / "keys.sqlite", ["old"])
-    ki = KeyIndex(tmp_path / "keys.sqlite")
+    ki, build = reopened_with_a_pending_build(tmp_path / "keys.sqlite", monkeypatch)
     try:
-        build = ki._build
-        assert build is not None and not ki.filter_ready
+        assert not ki.filter_ready
         ki.put_run("t", ["in-overlay"], 2, [2])  # before the second build begins: in its overlay
         build.scan()  # the snapshot: "old" only
         ki.put_run("t", ["after-scan"], 3, [3])
@@ -243,12 +250,8 @@ def test_the_batch_that_fills_the_filter_is_in_the_next_one(tmp_path: Path, monk
 def test_a_filter_that_filled_up_while_it_was_built_is_built_again(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(keyfilter, "MIN_CAPACITY", 64)
-    monkeypatch.setattr(FilterBuild, "start", lambda self: None)  # this test runs the scans itself
-    held_index(tmp_path / "keys.sqlite", ["old"])
-    ki = KeyIndex(tmp_path / "keys.sqlite")
+    ki, first = reopened_with_a_pending_build(tmp_path / "keys.sqlite", monkeypatch)
     try:
-        first = ki._build
-        assert first is not None
         first.scan()  # sized for the one key it saw
         names = [f"k{i}" for i in range(100)]
         ki.put_run("t", names, 2, list(range(100)))  # recorded: more than the filter was sized for
@@ -266,12 +269,8 @@ def test_a_filter_that_filled_up_while_it_was_built_is_built_again(tmp_path: Pat
 def test_a_finished_build_is_installed_by_puts_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A follower only puts and never looks a key up: the build must not wait for a lookup, or
     its recorded keys would pile up in memory."""
-    monkeypatch.setattr(FilterBuild, "start", lambda self: None)  # this test runs the scan itself
-    held_index(tmp_path / "keys.sqlite", ["old"])
-    ki = KeyIndex(tmp_path / "keys.sqlite")
+    ki, build = reopened_with_a_pending_build(tmp_path / "keys.sqlite", monkeypatch)
     try:
-        build = ki._build
-        assert build is not None
         build.scan()
         ki.put_run("t", ["new"], 2, [2])
         assert ki._build is None and ki._filter is build.result and build.recorded == []
