@@ -1,5 +1,6 @@
 """kill -9 torture: the real daemon, killed at random moments under concurrent produce (delays
-0-1.5 s), cancel, pull, ack and nack, restarted, and checked after every restart.
+0-1.5 s; JSON and msgpack; some messages keyed, from a small pool of keys), cancel (by id and by
+key), pull, ack and nack, restarted, and checked after every restart.
 
 Cycles: DELAYD_TORTURE_CYCLES (default 10, about 20 s; `make torture` runs 500). The seed is
 DELAYD_TORTURE_SEED; thread timing still varies from run to run, so a failure message carries
@@ -15,8 +16,13 @@ What is checked (DESIGN.md guarantees 1-4), with what each answer proves:
 - no duplicates from the timer side: within one daemon incarnation a message comes again only
   with attempt + 1, after its lease expired or it was nacked; across a crash only if its ack was
   not confirmed; the first delivery in an incarnation is attempt 1;
-- nothing corrupt: every delivered body and deliver_at is the one produced under that id, and
-  every delivered message was sent by the test (a produce whose answer was lost may land);
+- nothing corrupt: every delivered body, deliver_at and key is the one produced under that id,
+  and every delivered message was sent by the test (a produce whose answer was lost may land);
+- keys (idempotent produce) survive the crashes: a key held by a message the test knows, not
+  cancelled and not yet out of the dedup window (which starts at the earliest at its deliver_at),
+  is never given to a new message; a duplicate answer names the message holding that key, with
+  its deliver_at; a cancel by key answers the message holding the key, and finds it whenever a
+  known holder is certainly still pending (not cancelled, due later than now);
 - at the end: every counted message is accounted for (produced = delivered + cancelled, nothing
   scheduled, no backlog, no dead letters) and a graceful stop exits 0;
 - the schedule survives the crashes exactly: a few far-future messages (a topic of their own,
@@ -36,6 +42,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgpack
 import pytest
 
 from tests.integration.wire import schedule_matches_scheduled
@@ -49,6 +56,8 @@ FAR_DELAY_MS = 3 * 86_400_000
 LEASE_MS = 1000  # the API's minimum: expiries happen within a cycle
 MAX_DELAY_MS = 1500
 CLOCK_SLACK_MS = 20  # the daemon's clock is the wall clock read at start, advanced monotonically
+KEYS, KEY_SHARE = 400, 0.3  # keyed messages, half of them from a pool small enough that keys come back
+DEDUP_WINDOW_MS = 600_000  # the daemon's default: a delivered message holds its key this long
 
 
 def wall_ms() -> int:
@@ -62,15 +71,21 @@ class Conn:
         self.port = port
         self.c: http.client.HTTPConnection | None = None
 
-    def call(self, method: str, path: str, body: Any = None, timeout_s: float = 5.0) -> tuple[int, Any]:
+    def call(self, method: str, path: str, body: Any = None, timeout_s: float = 5.0,
+             packed: bool = False) -> tuple[int, Any]:
+        """`packed`: the request body in msgpack (and so the answer)."""
         if self.c is None:
             self.c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout_s)
         try:
-            data = None if body is None else json.dumps(body).encode()
-            self.c.request(method, path, body=data, headers={"Content-Type": "application/json"})
+            data = None if body is None else msgpack.packb(body) if packed else json.dumps(body).encode()
+            self.c.request(method, path, body=data,
+                           headers={"Content-Type": "application/msgpack" if packed else "application/json"})
             r = self.c.getresponse()
             raw = r.read()
-            return r.status, (json.loads(raw) if raw else None)
+            if not raw:
+                return r.status, None
+            return r.status, msgpack.unpackb(raw) if r.getheader("Content-Type", "").startswith(
+                "application/msgpack") else json.loads(raw)
         except Exception:
             self.close()
             raise
@@ -87,6 +102,7 @@ class Delivery:
     receipt: str
     attempt: int
     body: str
+    key: str | None
     deliver_at: int
     delivered_at: int
     inc: int  # daemon incarnation it came from
@@ -102,6 +118,10 @@ class Ledger:
     lock: threading.Lock = field(default_factory=threading.Lock)
     produced: dict[str, tuple[int, str, int]] = field(default_factory=dict)  # id -> deliver_at, body, cycle
     recent: deque[str] = field(default_factory=lambda: deque(maxlen=200))  # what the canceller picks from
+    recent_keys: deque[str] = field(default_factory=lambda: deque(maxlen=200))  # ... and, by key, from
+    key_of: dict[str, str] = field(default_factory=dict)  # id -> its key (new messages answered 200)
+    holders: dict[str, list[str]] = field(default_factory=dict)  # key -> the ids it was given to, in order
+    cancelling: str | None = None  # the id or key of the cancel in flight
     undelivered: dict[str, int] = field(default_factory=dict)  # id -> cycle: answered, not delivered (yet)
     unacked: set[str] = field(default_factory=set)  # answered, not acked (confirmed or maybe), not cancelled
     sent_bodies: set[str] = field(default_factory=set)  # every body ever sent (answered or not)
@@ -115,7 +135,8 @@ class Ledger:
     delivered_ids: set[str] = field(default_factory=set)
     violations: list[str] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=lambda: {"produce_lost": 0, "pull_lost": 0, "nacks": 0,
-                                                            "drops": 0, "refused": 0})
+                                                            "drops": 0, "refused": 0,
+                                                            "duplicates": 0, "key_cancels": 0})
 
     def violation(self, text: str) -> None:
         with self.lock:
@@ -166,7 +187,7 @@ class Load:
     def producer(self) -> None:
         rng, conn, led, n = self.rng(1), self.conn(), self.led, 0
         while not self.stop.is_set():
-            msgs = []
+            msgs: list[dict[str, Any]] = []
             for _ in range(rng.randint(1, 5)):
                 body = f"c{self.cycle}-{n}"
                 n += 1
@@ -174,18 +195,26 @@ class Load:
                     msgs.append({"body": body, "deliver_at": wall_ms() + rng.randint(-200, MAX_DELAY_MS)})
                 else:
                     msgs.append({"body": body, "delay_ms": 0 if rng.random() < 0.3 else rng.randint(0, MAX_DELAY_MS)})
+                if rng.random() < KEY_SHARE:  # half from the pool (duplicates), half never used before
+                    key = f"k{rng.randrange(KEYS)}" if rng.random() < 0.5 else f"u{self.cycle}-{n}"
+                    if all(m.get("key") != key for m in msgs):  # one key once a batch
+                        msgs[-1]["key"] = key
             with led.lock:
                 led.sent_bodies.update(m["body"] for m in msgs)
-            try:
-                status, res = conn.call("POST", f"/v1/topics/{TOPIC}/messages", {"messages": msgs})
+            try:  # msgpack takes the batch core's path, JSON the reference one
+                status, res = conn.call("POST", f"/v1/topics/{TOPIC}/messages", {"messages": msgs},
+                                        packed=rng.random() < 0.5)
             except (OSError, http.client.HTTPException, ValueError):
                 with led.lock:
                     led.counts["produce_lost"] += len(msgs)
                 return  # the daemon is gone
             if status == 200:
+                answered = wall_ms()
                 with led.lock:
                     for m, r in zip(msgs, res["messages"], strict=True):
                         mid = r["id"]
+                        if not self.keyed(m.get("key"), mid, r, answered):
+                            continue  # a duplicate: nothing new was stored
                         led.produced[mid] = (r["deliver_at"], m["body"], self.cycle)
                         led.recent.append(mid)
                         # (A message due at once may have been delivered, even acked, already.)
@@ -201,6 +230,30 @@ class Load:
                 led.violation(f"cycle {self.cycle}: produce answered {status} {res}")
             self.stop.wait(0.005)  # pace: some hundreds of messages per cycle, enough to race everything
 
+    def keyed(self, key: str | None, mid: str, r: dict[str, Any], answered: int) -> bool:
+        """Check a produce answer against what the ledger knows of its key; whether it is a new
+        message. Call with the lock held."""
+        led = self.led
+        if r["duplicate"]:
+            led.counts["duplicates"] += 1
+            known = led.produced.get(mid)
+            if key is None:
+                led.violations.append(f"cycle {self.cycle}: a message without a key answered as a duplicate of {mid}")
+            elif known is not None and (led.key_of.get(mid) != key or known[0] != r["deliver_at"]):
+                led.violations.append(f"cycle {self.cycle}: a duplicate of key {key} answered {mid} due "
+                                      f"{r['deliver_at']}, which holds {led.key_of.get(mid)!r}, due {known[0]}")
+            return False
+        if key is not None:
+            for h in led.holders.get(key, ()):
+                if (h not in led.cancelled and h not in led.cancel_unknown and led.cancelling not in (h, key)
+                        and answered < led.produced[h][0] + DEDUP_WINDOW_MS - CLOCK_SLACK_MS):
+                    led.violations.append(f"cycle {self.cycle}: key {key} given to {mid} while {h} "
+                                          f"(due {led.produced[h][0]}, not cancelled) held it")
+            led.holders.setdefault(key, []).append(mid)
+            led.key_of[mid] = key
+            led.recent_keys.append(key)
+        return True
+
     # -- canceller ---------------------------------------------------------------------------
     def canceller(self) -> None:
         rng, conn, led = self.rng(2), self.conn(), self.led
@@ -209,22 +262,68 @@ class Load:
                 if not led.recent:
                     continue
                 mid = rng.choice(led.recent)
+                key = rng.choice(led.recent_keys) if led.recent_keys and rng.random() < 0.3 else None
+                led.cancelling = key or mid  # a produce answered meanwhile may rightly see it cancelled
             try:
-                status, res = conn.call("DELETE", f"/v1/messages/{mid}")
-            except (OSError, http.client.HTTPException, ValueError):
+                if not (self.cancel_id(conn, mid) if key is None else self.cancel_key(conn, key)):
+                    return
+            finally:
                 with led.lock:
-                    led.cancel_unknown.add(mid)
-                    led.settled(mid)
-                return
+                    led.cancelling = None
+
+    def cancel_id(self, conn: Conn, mid: str) -> bool:
+        """DELETE by id; False once the daemon is gone."""
+        led = self.led
+        try:
+            status, res = conn.call("DELETE", f"/v1/messages/{mid}")
+        except (OSError, http.client.HTTPException, ValueError):
             with led.lock:
-                if status == 200:
-                    led.cancelled[mid] = time.monotonic()
-                    led.settled(mid)
-                elif status == 409:
-                    led.cancel_409.add(mid)
-                else:
-                    led.violations.append(f"cycle {self.cycle}: cancel of {mid} (produce answered 200) "
-                                          f"answered {status} {res}")
+                led.cancel_unknown.add(mid)
+                led.settled(mid)
+            return False
+        with led.lock:
+            if status == 200:
+                led.cancelled[mid] = time.monotonic()
+                led.settled(mid)
+            elif status == 409:
+                led.cancel_409.add(mid)
+            else:
+                led.violations.append(f"cycle {self.cycle}: cancel of {mid} (produce answered 200) "
+                                      f"answered {status} {res}")
+        return True
+
+    def cancel_key(self, conn: Conn, key: str) -> bool:
+        """DELETE by key, checked: the answer names the message holding the key, and a known
+        holder that is certainly still pending is found. False once the daemon is gone."""
+        led = self.led
+        try:
+            status, res = conn.call("DELETE", f"/v1/topics/{TOPIC}/keys/{key}")
+        except (OSError, http.client.HTTPException, ValueError):
+            with led.lock:  # any holder of the key may have been cancelled
+                for h in led.holders[key]:
+                    led.cancel_unknown.add(h)
+                    led.settled(h)
+            return False
+        answered = wall_ms()
+        with led.lock:
+            if status == 200:
+                mid = res["id"]
+                led.counts["key_cancels"] += 1
+                led.cancelled[mid] = time.monotonic()
+                led.settled(mid)
+                if mid in led.produced and led.key_of.get(mid) != key:
+                    led.violations.append(f"cycle {self.cycle}: cancel by key {key} cancelled {mid}, "
+                                          f"which holds {led.key_of.get(mid)!r}")
+            elif status == 404:
+                # Due after the answer, so not due when the cancel was decided: still pending then.
+                sure = [h for h in led.holders[key] if h not in led.cancelled and h not in led.cancel_unknown
+                        and led.produced[h][0] > answered + CLOCK_SLACK_MS]
+                if sure:
+                    led.violations.append(f"cycle {self.cycle}: cancel by key {key} answered 404 although "
+                                          f"{sure} (not cancelled, not yet due) held it")
+            else:
+                led.violations.append(f"cycle {self.cycle}: cancel by key {key} answered {status} {res}")
+        return True
 
     # -- consumers ---------------------------------------------------------------------------
     def consumer(self, i: int) -> None:
@@ -242,8 +341,8 @@ class Load:
             if status != 200:
                 led.violation(f"cycle {self.cycle}: pull answered {status} {res}")
                 return
-            got = [Delivery(m["id"], m["receipt"], m["attempt"], m["body"], m["deliver_at"], m["delivered_at"],
-                            self.inc, t_req, t_resp, wall) for m in res["messages"]]
+            got = [Delivery(m["id"], m["receipt"], m["attempt"], m["body"], m.get("key"), m["deliver_at"],
+                            m["delivered_at"], self.inc, t_req, t_resp, wall) for m in res["messages"]]
             if not got:
                 continue
             with led.lock:
@@ -320,8 +419,9 @@ class Checker:
             where = f"cycle {cycle}: {g.id} (attempt {g.attempt}, incarnation {g.inc})"
             known = led.produced.get(g.id)
             if known is not None:
-                if (g.deliver_at, g.body) != known[:2]:
-                    bad.append(f"{where}: served ({g.deliver_at}, {g.body!r}), produced {known[:2]}")
+                if (g.deliver_at, g.body, g.key) != (*known[:2], led.key_of.get(g.id)):
+                    bad.append(f"{where}: served ({g.deliver_at}, {g.body!r}, key {g.key!r}), produced "
+                               f"{known[:2]}, key {led.key_of.get(g.id)!r}")
             elif g.body not in led.sent_bodies or self.bodies.setdefault(g.id, g.body) != g.body:
                 bad.append(f"{where}: body {g.body!r} was never sent under this id")
             if g.delivered_at < g.deliver_at:
@@ -446,6 +546,7 @@ def test_kill9_torture(tmp_path, request):
     assert "fatal" not in d.log_path.read_text(errors="replace")
     print(f"\ntorture: {CYCLES} kill -9 cycles in {time.monotonic() - t0:.1f}s; {len(led.produced)} produces "
           f"answered ({led.counts['produce_lost']} lost to crashes), {len(led.cancelled)} cancels answered 200, "
-          f"{len(led.cancel_409)} answered 409, {len(led.cancel_unknown)} unknown; {chk.checked} deliveries "
+          f"{len(led.cancel_409)} answered 409, {len(led.cancel_unknown)} unknown ({led.counts['key_cancels']} by key); "
+          f"{led.counts['duplicates']} duplicate answers for {len(led.key_of)} keyed messages; {chk.checked} deliveries "
           f"({chk.redeliveries} redeliveries), {len(led.acked)} acks confirmed, {led.counts['nacks']} nacks, "
           f"{led.counts['drops']} leases left to expire; counters {t}")
