@@ -35,15 +35,14 @@ from __future__ import annotations
 import heapq
 import logging
 import sqlite3
-import time
 import zlib
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from delayd.storage.commitlog import Record, RecordType
-from delayd.storage.errors import CorruptData, UnsupportedVersion
-from delayd.storage.keyindex import connect
+from delayd.storage.errors import UnsupportedVersion
+from delayd.storage.keyindex import connect, open_or_set_aside
 from delayd.storage.msgtable import MessageState, MessageTable
 
 log = logging.getLogger("delayd.storage")
@@ -69,6 +68,21 @@ class FarIndex:
         self.path = Path(path)
         self.created = not self.path.exists()
         self.db = self._connect(cache_kib)
+        try:  # a newer or damaged file: nothing is left open
+            self._prepare()
+        except BaseException:
+            self.db.close()
+            raise
+        self.writer = self._connect(cache_kib)
+        self._ops: list[Op] = []
+        self._current: dict[int, Row | None] = {}
+        self._flushing: dict[int, Row | None] = {}
+
+    def _connect(self, cache_kib: int) -> sqlite3.Connection:
+        return connect(self.path, cache_kib)
+
+    def _prepare(self) -> None:
+        """Refuse a newer index, create the tables if missing."""
         version = self.db.execute("PRAGMA user_version").fetchone()[0]
         if version not in (0, FARINDEX_VERSION):
             raise UnsupportedVersion(str(self.path), version, FARINDEX_VERSION)
@@ -78,13 +92,6 @@ class FarIndex:
         self.db.execute("CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER) WITHOUT ROWID")
         self.db.execute(f"PRAGMA user_version={FARINDEX_VERSION}")
         self.db.commit()
-        self.writer = self._connect(cache_kib)
-        self._ops: list[Op] = []
-        self._current: dict[int, Row | None] = {}
-        self._flushing: dict[int, Row | None] = {}
-
-    def _connect(self, cache_kib: int) -> sqlite3.Connection:
-        return connect(self.path, cache_kib)
 
     @property
     def commit_pos(self) -> int:
@@ -199,17 +206,8 @@ class FarIndex:
 def open_far(path: Path) -> tuple[FarIndex, bool]:
     """The far index at `path` (a data directory's far.sqlite), and whether it must be rebuilt
     (new, or unusable and set aside as far.bad-<time>.sqlite)."""
-    path = Path(path)
-    directory = path.parent
-    try:
-        far = FarIndex(path)
-        far.count()
-        return far, far.created
-    except (sqlite3.DatabaseError, CorruptData) as e:
-        log.warning("far index unusable (%s); rebuilding it from the commit log", e)
-        for p in Path(directory).glob(FILE_NAME + "*"):
-            p.rename(p.with_name(p.name.replace("far.sqlite", f"far.bad-{int(time.time())}.sqlite")))
-        return FarIndex(path), True
+    far, bad = open_or_set_aside(Path(path), FarIndex, "far index")
+    return far, bad or far.created
 
 
 def replay(far: FarIndex, records: Iterable[Record], msgs: MessageTable, far_flag: int) -> int:

@@ -35,13 +35,14 @@ from __future__ import annotations
 import logging
 import sqlite3
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from itertools import groupby, repeat
 from operator import itemgetter
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
-from delayd.storage.errors import UnsupportedVersion
+from delayd.storage.errors import CorruptData, UnsupportedVersion
 from delayd.storage.keyfilter import KeyFilter
 
 log = logging.getLogger("delayd.storage")
@@ -70,10 +71,41 @@ def connect(path: Path, cache_kib: int) -> sqlite3.Connection:
     never waits for the writer; synchronous=NORMAL, so a commit is atomic, and what a power loss
     takes back is redone from the commit log (each index stores the log position it covers)."""
     db = sqlite3.connect(path, isolation_level="DEFERRED", check_same_thread=False)
-    db.execute("PRAGMA journal_mode=WAL")
-    db.execute("PRAGMA synchronous=NORMAL")
-    db.execute(f"PRAGMA cache_size=-{cache_kib}")
+    try:  # not a database: nothing is left open
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.execute(f"PRAGMA cache_size=-{cache_kib}")
+    except BaseException:
+        db.close()
+        raise
     return db
+
+
+class SqliteIndex(Protocol):
+    def count(self) -> int: ...
+    def close(self) -> None: ...
+
+
+Index = TypeVar("Index", bound=SqliteIndex)
+
+
+def open_or_set_aside(path: Path, make: Callable[[Path], Index], what: str) -> tuple[Index, bool]:
+    """The SQLite index at `path` (one of the data directory's, derived from the commit log),
+    read through with a count; or, when it is unusable, a new empty one after the damaged
+    files are closed and renamed `<name>.bad-<time>.sqlite`; and whether it was set aside."""
+    index = None
+    try:
+        index = make(path)
+        index.count()
+        return index, False
+    except (sqlite3.DatabaseError, CorruptData) as e:
+        if index is not None:
+            index.close()
+        log.warning("%s unusable (%s); rebuilding it from the commit log", what, e)
+        bad = f"{path.name.removesuffix('.sqlite')}.bad-{int(time.time())}.sqlite"
+        for p in path.parent.glob(path.name + "*"):
+            p.rename(p.with_name(p.name.replace(path.name, bad)))
+        return make(path), True
 
 
 Op = tuple[str, Any]
@@ -183,16 +215,11 @@ class KeyIndex:
         self.path = Path(path)
         self.created = not self.path.exists()
         self.db = self._connect(cache_kib)
-        version = self.db.execute("PRAGMA user_version").fetchone()[0]
-        if version > KEYINDEX_VERSION:
-            raise UnsupportedVersion(str(self.path), version, KEYINDEX_VERSION)
-        self.db.execute("CREATE TABLE IF NOT EXISTS keys (topic TEXT NOT NULL, key TEXT NOT NULL, "
-                        "seq INTEGER NOT NULL, deliver_at INTEGER NOT NULL, done_at INTEGER, "
-                        "PRIMARY KEY (topic, key)) WITHOUT ROWID")
-        self.db.execute("CREATE INDEX IF NOT EXISTS keys_done ON keys(done_at) WHERE done_at IS NOT NULL")
-        self.db.execute("CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER) WITHOUT ROWID")
-        self.db.execute(f"PRAGMA user_version={KEYINDEX_VERSION}")
-        self.db.commit()
+        try:  # a newer or damaged file: nothing is left open
+            empty = self._prepare()
+        except BaseException:
+            self.db.close()
+            raise
         self.writer = self._connect(cache_kib)
         self._ops: list[Op] = []
         # topic -> key -> Held; `_flushing` is the part being written by `apply`, `_current`
@@ -203,13 +230,27 @@ class KeyIndex:
         # every put adds to it; built again in a thread (`_build`) when it fills up.
         self._filter: KeyFilter | None = None
         self._build: FilterBuild | None = None
-        if self.db.execute("SELECT 1 FROM keys LIMIT 1").fetchone() is None:
+        if empty:
             self._filter = KeyFilter(0)
         else:
             self._start_build()
 
     def _connect(self, cache_kib: int) -> sqlite3.Connection:
         return connect(self.path, cache_kib)
+
+    def _prepare(self) -> bool:
+        """Refuse a newer index, create the tables if missing; whether the index is empty."""
+        version = self.db.execute("PRAGMA user_version").fetchone()[0]
+        if version > KEYINDEX_VERSION:
+            raise UnsupportedVersion(str(self.path), version, KEYINDEX_VERSION)
+        self.db.execute("CREATE TABLE IF NOT EXISTS keys (topic TEXT NOT NULL, key TEXT NOT NULL, "
+                        "seq INTEGER NOT NULL, deliver_at INTEGER NOT NULL, done_at INTEGER, "
+                        "PRIMARY KEY (topic, key)) WITHOUT ROWID")
+        self.db.execute("CREATE INDEX IF NOT EXISTS keys_done ON keys(done_at) WHERE done_at IS NOT NULL")
+        self.db.execute("CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER) WITHOUT ROWID")
+        self.db.execute(f"PRAGMA user_version={KEYINDEX_VERSION}")
+        self.db.commit()
+        return self.db.execute("SELECT 1 FROM keys LIMIT 1").fetchone() is None
 
     @property
     def commit_pos(self) -> int:

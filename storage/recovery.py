@@ -13,7 +13,6 @@ logged at WARNING with what it cut.
 from __future__ import annotations
 
 import logging
-import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,7 +26,7 @@ from delayd.storage.datadir import DataDir, Layout
 from delayd.storage.dispatch import Dispatch
 from delayd.storage.errors import CorruptData, GeometryMismatch, Insane, StorageError
 from delayd.storage.indexer import Indexer
-from delayd.storage.keyindex import KeyIndex
+from delayd.storage.keyindex import KeyIndex, open_or_set_aside
 from delayd.storage.msgtable import MessageState, MessageTable
 from delayd.storage.readyqueues import ReadyQueues
 from delayd.storage.retention import Retention
@@ -325,16 +324,8 @@ def _replay(indexer: Indexer, batch: list[Record], now: int, rep: RecoveryReport
 
 
 def open_keys(path: Path) -> tuple[KeyIndex, bool]:
-    """The key index, and whether it was unusable (set aside and started empty)."""
-    try:
-        keys = KeyIndex(path)
-        keys.count()
-        return keys, False
-    except (sqlite3.DatabaseError, CorruptData) as e:
-        log.warning("key index unusable (%s); rebuilding it from the commit log", e)
-        for p in path.parent.glob(path.name + "*"):
-            p.rename(p.with_name(p.name.replace(path.name, f"keys.bad-{int(time.time())}.sqlite")))
-        return KeyIndex(path), True
+    """The key index, and whether it was unusable (closed, set aside and started empty)."""
+    return open_or_set_aside(path, KeyIndex, "key index")
 
 
 def _recover_keys(store: Store, cp: ckpt.Checkpoint | None, rep: RecoveryReport, rebuilt: bool) -> None:

@@ -30,7 +30,7 @@ from delayd.storage.timerlog import UNIT_SIZE
 from delayd.storage.timerwheel import HEADER as WHEEL_HEADER
 from delayd.storage.timerwheel import SLOT, SLOT_SIZE
 
-from tests.storage.driver import Driver, delivered_seqs, drain, no_fsync, ready_units, topic_of
+from tests.storage.driver import Driver, delivered_seqs, drain, held_open, no_fsync, ready_units, topic_of
 
 T0 = 1_000_000
 CFG = StoreConfig(precision_ms=10, roll_window_ms=200, commit_segment_bytes=8192, timerlog_segment_units=64,
@@ -394,3 +394,30 @@ def test_a_crash_right_after_a_full_rescan_does_not_trust_the_old_checkpoint(sc:
     assert not (sc.dir / "checkpoint").exists() and not (sc.dir / "checkpoint.prev").exists()
     again = recover_and_finish(sc, config=config)
     assert again.checkpoint == "none"
+
+
+# ------------------------------------------------------------------------------ the key index
+
+@pytest.mark.parametrize("damage", ["pages", "header"])
+def test_damaged_key_index_is_set_aside_and_rebuilt(sc: Scenario, damage: str) -> None:
+    pending = sc.pending()
+    keyed = {r.seq: r for r in sc.records() if r.type == RecordType.MESSAGE and r.key and r.seq in pending}
+    assert len(keyed) > 100
+    path = sc.dir / "keys.sqlite"
+    # "pages": the header and the first page stay (it opens), every later page is garbage;
+    # "header": not a database at all.
+    start = 4096 if damage == "pages" else 0
+    with open(path, "r+b") as f:
+        f.seek(start)
+        f.write(random.Random(7).randbytes(path.stat().st_size - start))
+    s, rep = open_data_dir(sc.dir, CFG, lambda: sc.clock[0])
+    try:
+        assert rep.keys == "rebuilt"
+        assert list(sc.dir.glob("keys.bad-*.sqlite")), "the damaged index was not set aside"
+        assert not held_open(sc.dir, "keys.bad-"), "the damaged index is still open"
+        for seq, rec in keyed.items():
+            holder = s.key_holder(rec.topic, rec.key)
+            assert holder is not None and holder[0] == seq, f"key {rec.key} of {seq}: {holder}"
+    finally:
+        s.close()
+    recover_and_finish(sc)
