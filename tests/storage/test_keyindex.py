@@ -115,6 +115,82 @@ def test_the_written_index_is_what_the_operations_say_in_their_order(ops: list[t
             ki.close()
 
 
+def answers(ki: KeyIndex) -> dict[str, dict[str, tuple[int, int, int | None]]]:
+    return {t: ki.lookup_many(t, ["k0", "k1", "k2"]) for t in ("a", "b")}
+
+
+def wanted(model: dict[tuple[str, str], tuple[int, int]]) -> dict[str, dict[str, tuple[int, int, None]]]:
+    return {t: {k: (*v, None) for (mt, k), v in model.items() if mt == t} for t in ("a", "b")}
+
+
+ANSWER_OPS = st.lists(st.one_of(
+    st.tuples(st.just("put"), st.lists(st.tuples(TOPIC, FEW), min_size=1, max_size=5)),
+    st.tuples(st.just("run"), TOPIC, st.lists(st.none() | FEW, min_size=1, max_size=5)),
+    st.tuples(st.just("release"), TOPIC, FEW),
+    st.sampled_from([("take",), ("written",), ("applied",), ("failed",), ("lookup",), ("lookup",)])), max_size=30)
+
+
+@settings(max_examples=150, deadline=None, database=None, derandomize=True)
+@given(ops=ANSWER_OPS)
+def test_lookups_answer_what_the_operations_say_at_every_step_of_a_write(ops: list[tuple]) -> None:
+    """Whatever the overlay keeps where (runs, single puts, releases, the part being written), a
+    lookup answers the latest put of a key that was not released: before the write, while it
+    runs, after the database holds it, and after a failed write."""
+    model: dict[tuple[str, str], tuple[int, int]] = {}
+    seq, taken, written = 1, None, False
+    with tempfile.TemporaryDirectory() as d:
+        ki = KeyIndex(Path(d) / "keys.sqlite")
+        try:
+            for op in ops:
+                if op[0] == "put":
+                    rows = [(t, k, seq + i, 100 + seq + i) for i, (t, k) in enumerate(op[1])]
+                    ki.put_many(rows)
+                    model.update({(t, k): (s, due) for t, k, s, due in rows})
+                    seq += len(rows)
+                elif op[0] == "run":
+                    _, t, keys = op
+                    ki.put_run(t, keys, seq, [100 + seq + i for i in range(len(keys))])
+                    model.update({(t, k): (seq + i, 100 + seq + i) for i, k in enumerate(keys) if k is not None})
+                    seq += len(keys)
+                elif op[0] == "release":  # by the key's holder, as a cancel does
+                    _, t, k = op
+                    ki.release(t, k, model.pop((t, k), (0,))[0])
+                elif op[0] == "take" and taken is None:
+                    taken, written = ki.take_ops(), False
+                elif op[0] == "written" and taken is not None and not written:
+                    ki.apply(taken, seq)  # the worker's write; the overlay still answers too
+                    written = True
+                elif op[0] == "applied" and written:
+                    ki.applied()
+                    taken = None
+                elif op[0] == "failed" and taken is not None and not written:
+                    ki.requeue(taken)
+                    taken = None
+                elif op[0] == "lookup":
+                    assert answers(ki) == wanted(model)
+            assert answers(ki) == wanted(model)
+        finally:
+            ki.close()
+
+
+def test_after_a_failed_write_both_parts_keep_answering(tmp_path: Path) -> None:
+    ki = KeyIndex(tmp_path / "keys.sqlite")
+    try:
+        ki.put_run("t", ["a0", "a1"], 1, [10, 11])
+        ops = ki.take_ops()
+        ki.requeue(ops)  # the write failed
+        ki.put_run("t", ["b0", "b1"], 3, [12, 13])  # waits in the new part
+        ki.put_run("t", ["a1"], 5, [14])  # a later put of a key of the failed part wins
+        want = {"a0": (1, 10, None), "a1": (5, 14, None), "b0": (3, 12, None), "b1": (4, 13, None)}
+        ops = ki.take_ops()  # the retry: both parts together
+        assert ki.lookup_many("t", ["a0", "a1", "b0", "b1"]) == want
+        ki.apply(ops, 6)
+        ki.applied()
+        assert ki.lookup_many("t", ["a0", "a1", "b0", "b1"]) == want
+    finally:
+        ki.close()
+
+
 def test_a_key_is_answered_before_and_after_its_write_and_released_by_its_own_message(tmp_path: Path) -> None:
     ki = KeyIndex(tmp_path / "keys.sqlite")
     try:
