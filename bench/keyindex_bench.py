@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.keyindex_bench --keys 10000000
 
 Keys look like order ids ("order-<n>"), inserted in batches of 1,000 as the produce path
-does, committed once per 100 batches (the broker commits once per checkpoint), then looked
+does (`put_run`), committed once per 100 batches (the broker commits once per checkpoint), then looked
 up at random. RSS is read from /proc/self/status.
 """
 
@@ -41,7 +41,7 @@ def main() -> None:
         checkpoints = []
         for b in range(0, args.keys, args.batch):
             ns = [(i * step) % args.keys for i in range(b, min(b + args.batch, args.keys))]
-            ki.put_many([("orders", f"order-{n}", n + 1, 1_800_000_000_000 + n) for n in ns])
+            ki.put_run("orders", [f"order-{n}" for n in ns], b + 1, [1_800_000_000_000 + n for n in ns])
             if (b // args.batch) % 100 == 99:
                 ki.commit(b)
             done = b + args.batch

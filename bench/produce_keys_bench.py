@@ -1,6 +1,12 @@
 """Produce throughput with a key on every message vs. none, against one real daemon.
 
-    .venv/bin/python -m bench.produce_keys_bench [--n 100000] [--rounds 3] [--connections 8]
+    .venv/bin/python -m bench.produce_keys_bench [--n 100000] [--rounds 3] [--connections 8] [--random-keys]
+    .venv/bin/python -m bench.produce_keys_bench --sustain 3000000
+
+`--sustain N`: N messages with random keys produced as fast as the daemon takes them (a 429's
+Retry-After honoured), the daemon's RSS sampled every 2 s: the sustained keyed rate, the batches
+refused, the peak RSS and how long the graceful stop then takes (it writes what is left).
+`--max-unwritten-keys` sets the daemon's bound on keys not yet in the key index.
 
 Rounds alternate keyless and keyed so both see the same machine; batches of 1,000 msgpack
 messages, 100-byte bodies, delays over 1-48 h, fsync `always`. Prints the median of each and
@@ -28,15 +34,16 @@ from tests.support.daemon import DaemonProcess
 SETTLE_S = 2.5  # two checkpoints and a half
 
 
-async def produce(url: str, n: int, keyed: str | None, connections: int) -> float:
+async def produce(url: str, n: int, keyed: str | None, connections: int, random_keys: bool = False) -> float:
     rng = random.Random(1)
+    krng = random.Random(keyed)
     body = b"x" * 100
     batches = []
     for b in range(n // 1000):
         msgs = [{"body": body, "delay_ms": rng.randint(3_600_000, 48 * 3_600_000)} for _ in range(1000)]
         if keyed:
             for i, m in enumerate(msgs):
-                m["key"] = f"order-{keyed}-{b}-{i}"
+                m["key"] = f"{keyed}-{krng.getrandbits(64):016x}" if random_keys else f"order-{keyed}-{b}-{i}"
         batches.append(msgpack.packb({"messages": msgs}))
     queue: asyncio.Queue[bytes] = asyncio.Queue()
     for data in batches:
@@ -68,12 +75,75 @@ def settled_cpu_s(proc: psutil.Process, idle_per_s: float) -> float:
     return c + max(0.0, cpu_s(proc) - c - idle_per_s * SETTLE_S)
 
 
+async def sustain_produce(url: str, n: int, connections: int) -> tuple[float, int]:
+    """(msg/s, batches refused) for n random-key messages."""
+    rng = random.Random(7)
+    body = b"x" * 100
+    left, refused = n, 0
+    async with aiohttp.ClientSession() as session:
+        async def worker() -> None:
+            nonlocal left, refused
+            while left > 0:
+                left -= 1000
+                msgs = [{"body": body, "delay_ms": 3_600_000, "key": f"{rng.getrandbits(64):016x}"} for _ in range(1000)]
+                async with session.post(url + "/v1/topics/bench/messages", data=msgpack.packb({"messages": msgs}),
+                                        headers={"Content-Type": "application/msgpack"}) as r:
+                    await r.read()
+                    if r.status == 429:
+                        refused += 1
+                        left += 1000
+                        await asyncio.sleep(float(r.headers.get("Retry-After", "1")))
+                    else:
+                        assert r.status == 200, r.status
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(connections)))
+        return n / (time.perf_counter() - t0), refused
+
+
+def sustain(n: int, connections: int, max_unwritten_keys: int | None) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        config = f"max_unwritten_keys = {max_unwritten_keys}\n" if max_unwritten_keys else None
+        d = DaemonProcess(Path(tmp) / "data", config_text=config).start()
+        try:
+            proc = psutil.Process(d.proc.pid)
+            peak = [0]
+
+            async def sampled() -> tuple[float, int]:
+                async def sample() -> None:
+                    while True:
+                        await asyncio.sleep(2)
+                        peak[0] = max(peak[0], proc.memory_info().rss)
+                        print(f"  RSS {proc.memory_info().rss / 1e6:.0f} MB, CPU {cpu_s(proc):.1f} s", flush=True)
+                task = asyncio.create_task(sample())
+                try:
+                    return await sustain_produce(d.url, n, connections)
+                finally:
+                    task.cancel()
+
+            rate, refused = asyncio.run(sampled())
+            c = cpu_s(proc)
+            print(f"sustained {rate:,.0f} msg/s ({n:,} random keys), {refused} batches refused (429), "
+                  f"peak RSS {peak[0] / 1e6:.0f} MB, daemon CPU {c / n * 1e6:.2f} us a message so far", flush=True)
+        finally:
+            t = time.perf_counter()
+            d.stop(120)
+            print(f"graceful stop {time.perf_counter() - t:.1f} s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=100_000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--connections", type=int, default=8)
+    ap.add_argument("--sustain", type=int, default=0, metavar="N",
+                    help="instead: N random-key messages as fast as taken, with RSS and refusals")
+    ap.add_argument("--max-unwritten-keys", type=int, help="with --sustain: the daemon's bound (default its own)")
+    ap.add_argument("--random-keys", action="store_true",
+                    help="keys in no order (like UUIDs) instead of order-<round>-<batch>-<i>, which arrive sorted")
     args = ap.parse_args()
+    if args.sustain:
+        sustain(args.sustain, args.connections, args.max_unwritten_keys)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         d = DaemonProcess(Path(tmp) / "data").start()
         try:
@@ -86,7 +156,7 @@ def main() -> None:
             for r in range(args.rounds):
                 for kind, key in (("keyless", None), ("keyed", f"r{r}")):
                     c0 = cpu_s(proc)
-                    rates[kind].append(asyncio.run(produce(d.url, args.n, key, args.connections)))
+                    rates[kind].append(asyncio.run(produce(d.url, args.n, key, args.connections, args.random_keys)))
                     c1 = cpu_s(proc)
                     c2 = settled_cpu_s(proc, idle_per_s)
                     cpu[kind].append(((c1 - c0) / args.n * 1e6, (c2 - c0) / args.n * 1e6))

@@ -72,6 +72,9 @@ class Config:
     max_request_elements: int = 250_000
     max_batch: int = 10_000
     max_unindexed_bytes: int = 1024 * 1024 * 1024
+    # Keys produced but not yet in the key index's database (held in memory meanwhile, about 150
+    # bytes each): above it a keyed produce is answered 429 until the index's writes catch up.
+    max_unwritten_keys: int = 500_000
     request_timeout_s: float = 60.0
     # storage
     segment_bytes: int = 64 * 1024 * 1024
@@ -162,6 +165,8 @@ class Config:
         if self.max_request_bytes < one_message:
             raise ConfigError(f"max_request_bytes must be at least {one_message}: one message of max_body_bytes "
                               f"must fit in a request, also as body_b64 in JSON")
+        if self.max_unwritten_keys < 1:
+            raise ConfigError("max_unwritten_keys must be at least 1")
         if self.max_request_elements < 1000:
             raise ConfigError("max_request_elements must be at least 1,000")
         if bool(self.tls_cert) != bool(self.tls_key):

@@ -334,7 +334,10 @@ class Broker:
         topic = messages[0].topic if messages else ""
         assert all(m.topic == topic for m in messages), "one topic per produce"
         keys = [m.key for m in messages]
-        found = self._keyed(store, topic, keys, replace, now) if any(k is not None for k in keys) else None
+        found = None
+        if any(k is not None for k in keys):
+            self._key_room(store)
+            found = self._keyed(store, topic, keys, replace, now)
         fresh_at = found.fresh if found is not None else range(len(messages))
         fresh = [messages[i] for i in fresh_at]
         results: list[Produced | None] = [None] * len(messages)
@@ -375,6 +378,8 @@ class Broker:
         deliver_at = array("q", dues)
         found = None
         if keys is not None or replace is not None:
+            if keys is not None:
+                self._key_room(store)
             try:
                 found = self._keyed(store, topic, keys or [None] * n, replace or [False] * n, now)
             except errors.InvalidMessage:
@@ -415,6 +420,12 @@ class Broker:
         if store.commit.end - store.indexed > self.cfg.max_unindexed_bytes:
             raise errors.Backpressure("indexing is behind; retry shortly", retry_after_s=1)
         return store
+
+    def _key_room(self, store: Store) -> None:
+        """A keyed produce is refused for now while the key index's writes are behind: the keys
+        it has not written yet are held in memory (storage.keyindex `unwritten`)."""
+        if store.keys.unwritten > self.cfg.max_unwritten_keys:
+            raise errors.Backpressure("the key index is behind; retry shortly", retry_after_s=1)
 
     def _keyed(self, store: Store, topic: str, keys: list[str | None], replace: list[bool], now: int) -> _Keyed:
         """Which messages of a keyed batch are stored, and what the others answer (see `produce`)."""

@@ -14,7 +14,7 @@
  *
  * The code is split by pipeline stage: batch_produce.c (produce), batch_timer.c (enqueue-get,
  * enqueue-put, dequeue-get, dequeue-get-message), batch_release.c (dequeue-put and the batch
- * counters), batch_pull.c (pull and ack), batch_keys.c (the key filter) and batch_util.c (CRC, buffers, maps, spans, UTF-8),
+ * counters), batch_pull.c (pull and ack), batch_keys.c (the key filter, the key index's write order) and batch_util.c (CRC, buffers, maps, spans, UTF-8),
  * sharing batch_core.h. This file is the module table and its initialisation, and PyInit__batch
  * is the one symbol the shared object exports.
  */
@@ -49,6 +49,7 @@ static PyMethodDef methods[] = {
     {"read_plan", read_plan, METH_VARARGS, "the stretches of the log to read for records"},
     {"filter_add", filter_add, METH_VARARGS, "add keys of a topic to the key filter"},
     {"filter_maybe", filter_maybe, METH_VARARGS, "the keys of a topic the key filter may hold"},
+    {"key_order", key_order, METH_VARARGS, "the order in which the key index writes the keys of runs"},
     {NULL, NULL, 0, NULL},
 };
 

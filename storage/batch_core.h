@@ -250,9 +250,10 @@ BATCH_HIDDEN PyObject *parse_receipts(PyObject *self, PyObject *args);
 BATCH_HIDDEN PyObject *take_rows(PyObject *self, PyObject *args);
 
 /* ------------------------------------------------------------------------------------------ */
-/* the key filter (batch_keys.c)                                                               */
+/* the key filter and the key index's write order (batch_keys.c)                              */
 
 BATCH_HIDDEN PyObject *filter_add(PyObject *self, PyObject *args);
 BATCH_HIDDEN PyObject *filter_maybe(PyObject *self, PyObject *args);
+BATCH_HIDDEN PyObject *key_order(PyObject *self, PyObject *args);
 
 #endif /* DELAYD_BATCH_CORE_H */

@@ -3,6 +3,8 @@
  * its byte table): filter_add and filter_maybe over a blocked Bloom filter held in a bytearray.
  * A pair's hash is built from Python's own hash of the key and of the topic (cached by str
  * objects), so both implementations agree within a process; the filter is never stored.
+ *
+ * And the key index's write order (specified by storage/keyindex.py's key_order, the reference).
  */
 #include "batch_core.h"
 
@@ -118,4 +120,97 @@ fail:
     Py_DECREF(out);
     kf_close(&a);
     return NULL;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* key_order(runs): the order in which the key index writes the keys of put_runs, each run a tuple
+ * (topic, keys, ...) with keys a list or tuple of str or None (no key): by topic, then key, in
+ * UTF-8 byte order (SQLite's BINARY collation), keys of one pair in their given order; None left
+ * out. Returns each key's place among all the runs' keys laid end to end (None counted), as u64
+ * in the machine's byte order (an array('Q')). The sort runs without the GIL (a checkpoint's keys take tens of milliseconds,
+ * which the event loop must not wait for): the strings are held by a copy of every list, and a
+ * str's UTF-8 bytes, once made, live as long as the str. */
+
+typedef struct {
+    const char *topic, *key;
+    Py_ssize_t topic_len, key_len;
+    uint64_t code;
+} KoKey;
+
+static inline int ko_bytes(const char *a, Py_ssize_t an, const char *b, Py_ssize_t bn) {
+    int c = memcmp(a, b, (size_t)(an < bn ? an : bn));
+    return c ? c : (an > bn) - (an < bn);
+}
+
+static int ko_cmp(const void *pa, const void *pb) {
+    const KoKey *a = pa, *b = pb;
+    int c = a->topic == b->topic ? 0 : ko_bytes(a->topic, a->topic_len, b->topic, b->topic_len);
+    if (!c) c = ko_bytes(a->key, a->key_len, b->key, b->key_len);
+    return c ? c : (a->code > b->code) - (a->code < b->code);
+}
+
+PyObject *key_order(PyObject *self, PyObject *args) {
+    PyObject *runs, *held = NULL, *out = NULL;
+    KoKey *k = NULL;
+    if (!PyArg_ParseTuple(args, "O", &runs)) return NULL;
+    if (!PyList_Check(runs)) { PyErr_SetString(PyExc_TypeError, "runs: expected a list"); return NULL; }
+    Py_ssize_t nruns = PyList_GET_SIZE(runs);
+    held = PyList_New(nruns);  /* (topic, a copy of keys) per run: `runs` may change meanwhile */
+    if (!held) return NULL;
+    Py_ssize_t n = 0;
+    for (Py_ssize_t r = 0; r < nruns; r++) {
+        PyObject *run = PyList_GET_ITEM(runs, r);
+        if (!PyTuple_Check(run) || PyTuple_GET_SIZE(run) < 2) {
+            PyErr_Format(PyExc_TypeError, "run %zd: expected a tuple (topic, keys, ...)", r);
+            goto done;
+        }
+        PyObject *topic = PyTuple_GET_ITEM(run, 0), *keys = PyTuple_GET_ITEM(run, 1);
+        if (!PyUnicode_Check(topic)) { PyErr_Format(PyExc_TypeError, "run %zd: topic must be a str", r); goto done; }
+        if (!PyList_Check(keys) && !PyTuple_Check(keys)) {
+            PyErr_Format(PyExc_TypeError, "run %zd: keys must be a list or a tuple", r);
+            goto done;
+        }
+        PyObject *copy = PySequence_Tuple(keys);
+        if (!copy) goto done;
+        Py_ssize_t len = PyTuple_GET_SIZE(copy);
+        PyObject *pair = PyTuple_Pack(2, topic, copy);
+        Py_DECREF(copy);
+        if (!pair) goto done;
+        PyList_SET_ITEM(held, r, pair);
+        n += len;
+    }
+    k = PyMem_Malloc(n ? (size_t)n * sizeof *k : 1);
+    if (!k) { PyErr_NoMemory(); goto done; }
+    Py_ssize_t m = 0, place = 0;
+    for (Py_ssize_t r = 0; r < nruns; r++) {
+        PyObject *pair = PyList_GET_ITEM(held, r), *keys = PyTuple_GET_ITEM(pair, 1);
+        Py_ssize_t topic_len;
+        const char *topic = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(pair, 0), &topic_len);
+        if (!topic) goto done;  /* not encodable (a lone surrogate): UnicodeEncodeError */
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(keys); i++, place++) {
+            PyObject *key = PyTuple_GET_ITEM(keys, i);
+            if (key == Py_None) continue;
+            if (!PyUnicode_Check(key)) {
+                PyErr_Format(PyExc_TypeError, "run %zd, key %zd: expected a str or None", r, i);
+                goto done;
+            }
+            k[m].key = PyUnicode_AsUTF8AndSize(key, &k[m].key_len);
+            if (!k[m].key) goto done;
+            k[m].topic = topic;
+            k[m].topic_len = topic_len;
+            k[m].code = (uint64_t)place;
+            m++;
+        }
+    }
+    Py_BEGIN_ALLOW_THREADS
+    qsort(k, (size_t)m, sizeof *k, ko_cmp);
+    Py_END_ALLOW_THREADS
+    out = PyBytes_FromStringAndSize(NULL, m * 8);
+    if (!out) goto done;
+    uint8_t *o = (uint8_t *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < m; i++) memcpy(o + 8 * i, &k[i].code, 8);
+done:
+    PyMem_Free(k);
+    Py_DECREF(held);
+    return out;
 }

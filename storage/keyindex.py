@@ -34,14 +34,17 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+import sys
 import threading
 import time
+from array import array
 from collections.abc import Callable, Sequence
-from itertools import groupby, repeat
+from itertools import chain, groupby, repeat
 from operator import itemgetter
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from delayd.storage import native
 from delayd.storage.errors import CorruptData, UnsupportedVersion
 from delayd.storage.keyfilter import KeyFilter
 
@@ -108,7 +111,43 @@ def open_or_set_aside(path: Path, make: Callable[[Path], Index], what: str) -> t
         return make(path), True
 
 
+def key_order(runs: list[tuple[Any, ...]]) -> bytes:
+    """The order in which `apply` writes the keys of consecutive put_runs, each run a tuple
+    (topic, keys, ...): by topic, then key, in UTF-8 byte order (SQLite's BINARY collation, the
+    primary key's order), keys of one pair in their given order, None (no key) left out; as
+    each key's place among all the runs' keys laid end to end (None counted), an array('Q')'s
+    bytes. Inserted in key order, a checkpoint's keys walk the B-tree once instead of touching
+    a random page each (BENCHMARKS.md). The reference of the compiled `key_order`
+    (storage/batch_keys.c), which sorts without holding the GIL: the event loop must not wait
+    for a checkpoint's sort."""
+    if not isinstance(runs, list):
+        raise TypeError("runs: expected a list")
+    found = []
+    place = 0
+    for r, run in enumerate(runs):
+        if not isinstance(run, tuple) or len(run) < 2:
+            raise TypeError(f"run {r}: expected a tuple (topic, keys, ...)")
+        topic, keys = run[0], run[1]
+        if not isinstance(topic, str):
+            raise TypeError(f"run {r}: topic must be a str")
+        if not isinstance(keys, (list, tuple)):
+            raise TypeError(f"run {r}: keys must be a list or a tuple")
+        t = topic.encode()
+        for i, key in enumerate(keys):
+            if key is not None:
+                if not isinstance(key, str):
+                    raise TypeError(f"run {r}, key {i}: expected a str or None")
+                found.append((t, key.encode(), place + i))
+        place += len(keys)
+    found.sort()
+    return array("Q", [code for _, _, code in found]).tobytes()
+
+
+_compiled = native.compiled()
+ops: Any = _compiled if _compiled is not None else sys.modules[__name__]
+
 Op = tuple[str, Any]
+PUT = "INSERT OR REPLACE INTO keys (topic, key, seq, deliver_at, done_at) VALUES (?, ?, ?, ?, NULL)"
 _MISS = object()
 _EMPTY: dict[str, Any] = {}
 SCAN_CHUNK = 4096
@@ -222,6 +261,8 @@ class KeyIndex:
             raise
         self.writer = self._connect(cache_kib)
         self._ops: list[Op] = []
+        self._queued = 0  # keys put in `_ops`
+        self._writing = 0  # keys put in the operations `apply` is writing
         # topic -> key -> Held; `_flushing` is the part being written by `apply`, `_current`
         # what came after.
         self._current: dict[str, dict[str, Held]] = {}
@@ -293,6 +334,7 @@ class KeyIndex:
         if not rows:
             return
         self._ops.append(("put", rows))
+        self._queued += len(rows)
         for topic, run in groupby(rows, itemgetter(0)):
             self._added(topic, [r[1] for r in run])
         cur = self._current
@@ -312,6 +354,7 @@ class KeyIndex:
         if len(keys) != len(dues):
             raise ValueError(f"{len(keys)} keys, {len(dues)} due times")
         self._ops.append(("run", (topic, keys, first_seq, dues)))
+        self._queued += len(keys) - keys.count(None)
         self._added(topic, keys)
         d = self._current.get(topic)
         if d is None:
@@ -381,6 +424,7 @@ class KeyIndex:
     def take_ops(self) -> list[Op]:
         """Hand the queued operations to `apply`; the overlay moves aside until `applied`."""
         ops, self._ops = self._ops, []
+        self._writing, self._queued = self._writing + self._queued, 0
         if self._flushing:  # an earlier write failed and was requeued: keep its entries too
             for topic, d in self._current.items():
                 self._flushing.setdefault(topic, {}).update(d)
@@ -392,31 +436,56 @@ class KeyIndex:
     def requeue(self, ops: list[Op]) -> None:
         """`apply` failed: the operations go back in front, to be written next time."""
         self._ops[:0] = ops
+        self._queued, self._writing = self._queued + self._writing, 0
 
     def apply(self, ops: list[Op], commit_pos: int) -> None:
         """Write queued operations and the log position they cover, atomically. Runs on the
         writer connection; safe in a worker thread while the event loop keeps reading."""
         w = self.writer
+        runs: list[tuple[str, Sequence[str | None], int, Sequence[int]]] = []  # consecutive runs
         for kind, arg in ops:
             if kind == "run":
-                topic, keys, first, dues = arg
-                arg = [(topic, k, first + i, dues[i]) for i, k in enumerate(keys) if k is not None]
-                kind = "put"
+                runs.append(arg)
+                continue
+            self._put_runs(runs)  # before what comes after them
+            runs = []
             if kind == "put":
-                w.executemany("INSERT OR REPLACE INTO keys (topic, key, seq, deliver_at, done_at) "
-                              "VALUES (?, ?, ?, ?, NULL)", arg)
+                w.executemany(PUT, arg)
             elif kind == "release":
                 w.execute("DELETE FROM keys WHERE topic=? AND key=? AND seq=?", arg)
             elif kind == "delivered":
                 w.executemany("UPDATE keys SET done_at=? WHERE topic=? AND key=? AND seq=?", arg)
             elif kind == "expire":
                 w.execute("DELETE FROM keys WHERE done_at IS NOT NULL AND done_at < ?", (arg,))
+        self._put_runs(runs)
         w.execute("INSERT OR REPLACE INTO meta (name, value) VALUES ('commit_pos', ?)", (commit_pos,))
         w.commit()
+
+    def _put_runs(self, runs: list[tuple[str, Sequence[str | None], int, Sequence[int]]]) -> None:
+        """Write the keys of consecutive runs in key order (`key_order`). The rows are taken from
+        the runs laid end to end by C-level iterators (no Python code per row: this thread
+        holds the GIL while it makes them)."""
+        if not runs:
+            return
+        at = array("Q", ops.key_order(runs))
+        keys = list(chain.from_iterable(run[1] for run in runs))
+        seqs = array("q", chain.from_iterable(range(run[2], run[2] + len(run[1])) for run in runs))
+        dues = array("q", chain.from_iterable(run[3] for run in runs))
+        topics = list(chain.from_iterable(repeat(run[0], len(run[1])) for run in runs))
+        self.writer.executemany(PUT, zip(map(topics.__getitem__, at), map(keys.__getitem__, at),
+                                         map(seqs.__getitem__, at), map(dues.__getitem__, at), strict=True))
 
     def applied(self) -> None:
         """The database now holds what `take_ops` handed out: drop that part of the overlay."""
         self._flushing = {}
+        self._writing = 0
+
+    @property
+    def unwritten(self) -> int:
+        """Keys put that the database does not hold yet: what the overlay answers for, in
+        memory (about 150 bytes a key). The broker refuses keyed produce while it is over
+        `max_unwritten_keys` (the write of random keys into a big index is slower than produce)."""
+        return self._queued + self._writing
 
     def commit(self, commit_pos: int) -> None:
         """Apply everything queued now, on this thread (recovery and shutdown)."""
@@ -432,6 +501,7 @@ class KeyIndex:
             self._build = None
         self._filter = KeyFilter(0)
         self._ops.clear()
+        self._queued = self._writing = 0
         self._current, self._flushing = {}, {}
         self.writer.execute("DELETE FROM keys")
         self.writer.execute("DELETE FROM meta")

@@ -135,9 +135,11 @@ ANSWER_OPS = st.lists(st.one_of(
 def test_lookups_answer_what_the_operations_say_at_every_step_of_a_write(ops: list[tuple]) -> None:
     """Whatever the overlay keeps where (runs, single puts, releases, the part being written), a
     lookup answers the latest put of a key that was not released: before the write, while it
-    runs, after the database holds it, and after a failed write."""
+    runs, after the database holds it, and after a failed write. And `unwritten` counts the keys
+    put that the database does not hold yet (what the broker's backpressure reads)."""
     model: dict[tuple[str, str], tuple[int, int]] = {}
     seq, taken, written = 1, None, False
+    queued = writing = 0
     with tempfile.TemporaryDirectory() as d:
         ki = KeyIndex(Path(d) / "keys.sqlite")
         try:
@@ -147,27 +149,31 @@ def test_lookups_answer_what_the_operations_say_at_every_step_of_a_write(ops: li
                     ki.put_many(rows)
                     model.update({(t, k): (s, due) for t, k, s, due in rows})
                     seq += len(rows)
+                    queued += len(rows)
                 elif op[0] == "run":
                     _, t, keys = op
                     ki.put_run(t, keys, seq, [100 + seq + i for i in range(len(keys))])
                     model.update({(t, k): (seq + i, 100 + seq + i) for i, k in enumerate(keys) if k is not None})
                     seq += len(keys)
+                    queued += sum(k is not None for k in keys)
                 elif op[0] == "release":  # by the key's holder, as a cancel does
                     _, t, k = op
                     ki.release(t, k, model.pop((t, k), (0,))[0])
                 elif op[0] == "take" and taken is None:
                     taken, written = ki.take_ops(), False
+                    queued, writing = 0, writing + queued
                 elif op[0] == "written" and taken is not None and not written:
                     ki.apply(taken, seq)  # the worker's write; the overlay still answers too
                     written = True
                 elif op[0] == "applied" and written:
                     ki.applied()
-                    taken = None
+                    taken, writing = None, 0
                 elif op[0] == "failed" and taken is not None and not written:
                     ki.requeue(taken)
-                    taken = None
+                    taken, queued, writing = None, queued + writing, 0
                 elif op[0] == "lookup":
                     assert answers(ki) == wanted(model)
+                assert ki.unwritten == queued + writing, op
             assert answers(ki) == wanted(model)
         finally:
             ki.close()
