@@ -505,7 +505,8 @@ class ScheduleWriter(DataSourceArrowWriter):
                     except ValueError:
                         retry_after = None
             retryable = status in (0, 429, 503)
-            if retryable and all_keyed and attempt < self.max_retries:
+            # A 429 stores nothing (docs/api.md): its batch is resent whatever it holds.
+            if retryable and (all_keyed or status == 429) and attempt < self.max_retries:
                 attempt += 1
                 self._report.retries += 1
                 backoff = min(5.0, 0.1 * 2 ** (attempt - 1)) * (0.5 + random.random() / 2)

@@ -1,7 +1,8 @@
 """The writer's retry rule, against a scripted HTTP server (no Spark job needed: the writer runs in-process).
 
-Connection errors, 429 and 503 are retried only when every message of the batch has a key: the broker
+Connection errors and 503 are retried only when every message of the batch has a key: the broker
 answers a resent keyed message as a duplicate, while a resent unkeyed one would be scheduled twice.
+A 429 is answered before anything is stored, so any batch is resent after it.
 """
 
 from __future__ import annotations
@@ -118,6 +119,12 @@ def test_unkeyed_batch_is_not_retried(server: Scripted) -> None:
                                                "have no key") as e:
         writer(server.url).write(iter([batch(3, keyed=False)]))
     assert e.value.code == "unavailable" and len(server.requests) == 1
+
+
+def test_unkeyed_batch_is_retried_after_a_429(server: Scripted) -> None:
+    server.script = [(429, err("backpressure"), {"Retry-After": "0"})]
+    commit = writer(server.url).write(iter([batch(3, keyed=False)]))
+    assert (commit.report.scheduled, commit.report.retries, len(server.requests)) == (3, 1, 2)
 
 
 def test_gives_up_after_max_retries(server: Scripted) -> None:
