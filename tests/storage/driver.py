@@ -139,19 +139,6 @@ def open_store(d: Path, clock: list[int], cfg: StoreConfig = SMALL) -> Store:
     return s
 
 
-def held_open(d: Path, needle: str) -> list[str]:
-    """Paths under `d` containing `needle` that this process holds open."""
-    out = []
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith(str(d)) and needle in target:
-            out.append(target)
-    return out
-
-
 def release_now(store: Store, seqs: list[int], now: int) -> list[ReadyUnit]:
     """Release already-indexed messages `seqs` at `now` straight from their records (as if each
     were due now): what a test of the consuming side needs in its ready queues."""

@@ -18,13 +18,6 @@ TOPICS = st.sampled_from(["t", "orders", "ü-topic", ""])
 KEYS = st.lists(st.none() | st.text(max_size=12) | st.integers(-2**70, 2**70), max_size=40)
 
 
-def outcome(f: Any, *args: Any) -> Any:
-    try:
-        return ("ok", f(*args))
-    except Exception as e:  # noqa: BLE001 - the kind of failure is what is compared
-        return ("error", type(e))
-
-
 @settings(max_examples=200, deadline=None)
 @given(blocks=st.integers(1, 6), seed=st.binary(min_size=0, max_size=64), topic=TOPICS, keys=KEYS,
        asked=KEYS)

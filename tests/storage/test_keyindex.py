@@ -59,13 +59,26 @@ def test_put_run_answers_and_stores_what_put_many_does(runs: list[tuple[str, lis
 
 FEW = st.sampled_from(["k0", "k1", "k2"])  # so that operations meet on the same keys
 TOPIC = st.sampled_from(["a", "b"])
+PUTS = (st.tuples(st.just("put"), st.lists(st.tuples(TOPIC, FEW), min_size=1, max_size=5)),
+        st.tuples(st.just("run"), TOPIC, st.lists(st.none() | FEW, min_size=1, max_size=5)))
 OPS = st.lists(st.one_of(
-    st.tuples(st.just("put"), st.lists(st.tuples(TOPIC, FEW), min_size=1, max_size=5)),
-    st.tuples(st.just("run"), TOPIC, st.lists(st.none() | FEW, min_size=1, max_size=5)),
+    *PUTS,
     st.tuples(st.just("release"), TOPIC, FEW, st.none() | st.integers(1, 40)),
     st.tuples(st.just("delivered"), TOPIC, FEW, st.none() | st.integers(1, 40)),
     st.tuples(st.just("expire"), st.integers(0, 60)),
     st.just(("commit",))), max_size=25)
+
+
+def put(ki: KeyIndex, op: tuple, seq: int) -> tuple[list[tuple[str, str, int, int]], int]:
+    """Carry out a "put" or "run" of PUTS with messages numbered from `seq` (due 100 + their
+    number): the rows (topic, key, seq, due) it put, None keys left out, and the messages it took."""
+    if op[0] == "put":
+        rows = [(t, k, seq + i, 100 + seq + i) for i, (t, k) in enumerate(op[1])]
+        ki.put_many(rows)
+        return rows, len(rows)
+    _, t, keys = op
+    ki.put_run(t, keys, seq, [100 + seq + i for i in range(len(keys))])
+    return [(t, k, seq + i, 100 + seq + i) for i, k in enumerate(keys) if k is not None], len(keys)
 
 
 @settings(max_examples=100, deadline=None, database=None, derandomize=True)
@@ -79,19 +92,10 @@ def test_the_written_index_is_what_the_operations_say_in_their_order(ops: list[t
         ki = KeyIndex(Path(d) / "keys.sqlite")
         try:
             for op in ops:
-                if op[0] == "put":
-                    rows = [(t, k, seq + i, 100 + seq + i) for i, (t, k) in enumerate(op[1])]
-                    ki.put_many(rows)
-                    for t, k, s, due in rows:
-                        model[(t, k)] = (s, due, None)
-                    seq += len(rows)
-                elif op[0] == "run":
-                    _, t, keys = op
-                    ki.put_run(t, keys, seq, [100 + seq + i for i in range(len(keys))])
-                    for i, k in enumerate(keys):
-                        if k is not None:
-                            model[(t, k)] = (seq + i, 100 + seq + i, None)
-                    seq += len(keys)
+                if op[0] in ("put", "run"):
+                    rows, n = put(ki, op, seq)
+                    model.update({(t, k): (s, due, None) for t, k, s, due in rows})
+                    seq += n
                 elif op[0] == "release":  # of the key's holder (None), or of some message
                     _, t, k, s = op
                     s = model.get((t, k), (0,))[0] if s is None else s
@@ -124,8 +128,7 @@ def wanted(model: dict[tuple[str, str], tuple[int, int]]) -> dict[str, dict[str,
 
 
 ANSWER_OPS = st.lists(st.one_of(
-    st.tuples(st.just("put"), st.lists(st.tuples(TOPIC, FEW), min_size=1, max_size=5)),
-    st.tuples(st.just("run"), TOPIC, st.lists(st.none() | FEW, min_size=1, max_size=5)),
+    *PUTS,
     st.tuples(st.just("release"), TOPIC, FEW),
     st.sampled_from([("take",), ("written",), ("applied",), ("failed",), ("lookup",), ("lookup",)])), max_size=30)
 
@@ -144,18 +147,11 @@ def test_lookups_answer_what_the_operations_say_at_every_step_of_a_write(ops: li
         ki = KeyIndex(Path(d) / "keys.sqlite")
         try:
             for op in ops:
-                if op[0] == "put":
-                    rows = [(t, k, seq + i, 100 + seq + i) for i, (t, k) in enumerate(op[1])]
-                    ki.put_many(rows)
+                if op[0] in ("put", "run"):
+                    rows, n = put(ki, op, seq)
                     model.update({(t, k): (s, due) for t, k, s, due in rows})
-                    seq += len(rows)
+                    seq += n
                     queued += len(rows)
-                elif op[0] == "run":
-                    _, t, keys = op
-                    ki.put_run(t, keys, seq, [100 + seq + i for i in range(len(keys))])
-                    model.update({(t, k): (seq + i, 100 + seq + i) for i, k in enumerate(keys) if k is not None})
-                    seq += len(keys)
-                    queued += sum(k is not None for k in keys)
                 elif op[0] == "release":  # by the key's holder, as a cancel does
                     _, t, k = op
                     ki.release(t, k, model.pop((t, k), (0,))[0])

@@ -45,6 +45,22 @@ def wait_until(predicate: Callable[[], Any], timeout_s: float = 10.0, interval_s
 STARTED: list[DaemonProcess] = []  # every daemon a test started; tests/conftest.py reaps leftovers
 
 
+def files_open(pid: int | str, root: Path) -> list[str]:
+    """The files under `root` that process `pid` ("self": this one) holds open, each once,
+    relative to `root`."""
+    fd_dir = f"/proc/{pid}/fd"
+    prefix = str(Path(root).resolve()) + os.sep
+    paths = set()
+    for fd in os.listdir(fd_dir):
+        try:
+            target = os.readlink(f"{fd_dir}/{fd}")
+        except OSError:  # closed meanwhile
+            continue
+        if target.startswith(prefix):
+            paths.add(target[len(prefix):])
+    return sorted(paths)
+
+
 class DaemonProcess:
     """One `delayd serve` process with its own data directory and port.
 
@@ -130,17 +146,7 @@ class DaemonProcess:
         which says nothing about its files). Each file once: a checkpoint fsyncs through
         short-lived duplicates of the descriptors it already holds, which open no new file."""
         assert self.proc is not None
-        fd_dir = f"/proc/{self.proc.pid}/fd"
-        root = str(self.data_dir.resolve()) + os.sep
-        paths = set()
-        for fd in os.listdir(fd_dir):
-            try:
-                target = os.readlink(f"{fd_dir}/{fd}")
-            except OSError:  # closed meanwhile
-                continue
-            if target.startswith(root):
-                paths.add(target[len(root):])
-        return sorted(paths)
+        return files_open(self.proc.pid, self.data_dir)
 
     def log_tail(self, n: int = 60) -> str:
         try:
