@@ -33,7 +33,6 @@ Version history: 1 — original (`PRAGMA user_version`).
 from __future__ import annotations
 
 import heapq
-import logging
 import sqlite3
 import zlib
 from collections.abc import Iterable
@@ -45,10 +44,7 @@ from delayd.storage.errors import UnsupportedVersion
 from delayd.storage.keyindex import connect, open_or_set_aside
 from delayd.storage.msgtable import MessageState, MessageTable
 
-log = logging.getLogger("delayd.storage")
-
 FARINDEX_VERSION = 1
-FILE_NAME = "far.sqlite"
 REPLAY_BATCH = 4096  # records whose message-table entries recovery reads together
 
 Row = tuple[int, int, int]  # (deliver_at, seq, topic_hash)
