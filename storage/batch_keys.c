@@ -127,9 +127,9 @@ fail:
  * (topic, keys, ...) with keys a list or tuple of str or None (no key): by topic, then key, in
  * UTF-8 byte order (SQLite's BINARY collation), keys of one pair in their given order; None left
  * out. Returns each key's place among all the runs' keys laid end to end (None counted), as u64
- * in the machine's byte order (an array('Q')). The sort runs without the GIL (a checkpoint's keys take tens of milliseconds,
- * which the event loop must not wait for): the strings are held by a copy of every list, and a
- * str's UTF-8 bytes, once made, live as long as the str. */
+ * in the machine's byte order (an array('Q')). The sort runs without the GIL (a checkpoint's keys
+ * take tens of milliseconds, which the event loop must not wait for): the strings are held by a
+ * copy of every list, and a str's UTF-8 bytes, once made, live as long as the str. */
 
 typedef struct {
     const char *topic, *key;

@@ -44,6 +44,7 @@ from typing import Any
 
 import msgpack
 import pytest
+from delayd.broker.config import Config
 
 from tests.integration.wire import schedule_matches_scheduled
 from tests.support.daemon import DaemonProcess, wait_until
@@ -57,7 +58,7 @@ LEASE_MS = 1000  # the API's minimum: expiries happen within a cycle
 MAX_DELAY_MS = 1500
 CLOCK_SLACK_MS = 20  # the daemon's clock is the wall clock read at start, advanced monotonically
 KEYS, KEY_SHARE = 400, 0.3  # keyed messages, half of them from a pool small enough that keys come back
-DEDUP_WINDOW_MS = 600_000  # the daemon's default: a delivered message holds its key this long
+DEDUP_WINDOW_MS = Config().dedup_window_ms  # the daemon's default: a delivered message holds its key this long
 
 
 def wall_ms() -> int:
