@@ -112,8 +112,9 @@ def sustain(n: int, connections: int, max_unwritten_keys: int | None) -> None:
                 async def sample() -> None:
                     while True:
                         await asyncio.sleep(2)
-                        peak[0] = max(peak[0], proc.memory_info().rss)
-                        print(f"  RSS {proc.memory_info().rss / 1e6:.0f} MB, CPU {cpu_s(proc):.1f} s", flush=True)
+                        rss = proc.memory_info().rss
+                        peak[0] = max(peak[0], rss)
+                        print(f"  RSS {rss / 1e6:.0f} MB, CPU {cpu_s(proc):.1f} s", flush=True)
                 task = asyncio.create_task(sample())
                 try:
                     return await sustain_produce(d.url, n, connections)
