@@ -122,6 +122,7 @@ def sustain(n: int, connections: int, max_unwritten_keys: int | None) -> None:
                     task.cancel()
 
             rate, refused = asyncio.run(sampled())
+            peak[0] = max(peak[0], proc.memory_info().rss)  # (a run shorter than a sample too)
             c = cpu_s(proc)
             print(f"sustained {rate:,.0f} msg/s ({n:,} random keys), {refused} batches refused (429), "
                   f"peak RSS {peak[0] / 1e6:.0f} MB, daemon CPU {c / n * 1e6:.2f} us a message so far", flush=True)
