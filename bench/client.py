@@ -107,9 +107,14 @@ class Delayd:
         return out
 
     async def pull(
-        self, topic: str, group: str, max_n: int, wait_ms: int, lease_ms: int = 600_000
+        self, topic: str, group: str, max_n: int, wait_ms: int, lease_ms: int = 600_000,
+        fields: list[str] | None = None,
     ) -> tuple[float, list[dict[str, Any]]]:
-        payload = msgpack.packb({"max": max_n, "wait_ms": wait_ms, "lease_ms": lease_ms})
+        """`fields`: only these (and id, receipt) in each message; None: every field."""
+        request: dict[str, Any] = {"max": max_n, "wait_ms": wait_ms, "lease_ms": lease_ms}
+        if fields is not None:
+            request["fields"] = fields
+        payload = msgpack.packb(request)
         recv, body = await self.post(
             f"/v1/topics/{topic}/subscriptions/{group}/pull", payload, timeout_s=wait_ms / 1000 + 60
         )

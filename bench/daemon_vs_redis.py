@@ -98,6 +98,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--redis-poll-ms", type=float, default=10.0, help="redis consumer poll interval when nothing is due"
     )
     ap.add_argument(
+        "--pull-all-fields", action="store_true",
+        help="delayd's consumers pull every field of a message (default: id, receipt and deliver_at, what they read)",
+    )
+    ap.add_argument(
         "--burst-rate-guess",
         type=float,
         default=20_000.0,
@@ -208,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         profile_dir=Path(args.py_spy) if args.py_spy else None,
         redis_bin=redis_bin or "",
         redis_poll_ms=args.redis_poll_ms,
+        pull_all_fields=args.pull_all_fields,
     )
     ctx = Ctx(
         base_tmp=base_tmp,

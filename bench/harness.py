@@ -208,12 +208,17 @@ class ProcessMeter:
 
     def cpu_s(self) -> float:
         """User + system CPU seconds the server has used since it started."""
-        total = 0.0
+        return sum(self.cpu_split())
+
+    def cpu_split(self) -> tuple[float, float]:
+        """(user, system) CPU seconds the server has used since it started."""
+        user = system = 0.0
         for p in self._procs():
             with contextlib.suppress(Exception):
                 t = p.cpu_times()
-                total += t.user + t.system
-        return total
+                user += t.user
+                system += t.system
+        return user, system
 
     def rss_bytes(self) -> int:
         procs = self._procs() if self.rss_includes_children else self._procs()[:1]
@@ -268,16 +273,19 @@ class CpuWindow:
     def __enter__(self) -> CpuWindow:
         self.t0 = time.perf_counter()
         self.c0 = time.process_time()
-        self.s0 = self.server.cpu_s()
+        self.u0, self.k0 = self.server.cpu_split()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.wall_s = time.perf_counter() - self.t0
         self.client_cpu_s = time.process_time() - self.c0
-        self.server_cpu_s = self.server.cpu_s() - self.s0
+        user, system = self.server.cpu_split()
+        self.server_sys_s = system - self.k0
+        self.server_cpu_s = user - self.u0 + self.server_sys_s
 
     def as_dict(self) -> dict[str, float]:
-        return {"wall_s": self.wall_s, "client_cpu_s": self.client_cpu_s, "server_cpu_s": self.server_cpu_s}
+        return {"wall_s": self.wall_s, "client_cpu_s": self.client_cpu_s, "server_cpu_s": self.server_cpu_s,
+                "server_sys_s": self.server_sys_s}
 
 
 # ----------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import msgpack
 from delayd.broker import errors
 from delayd.broker.config import Config
 from delayd.storage import commitlog
+from delayd.storage.batch import ALL_PULL_FIELDS, PULL_FIELDS
 from delayd.storage.commitlog import Record
 from delayd.storage.store import NewMessage
 
@@ -110,6 +111,27 @@ def str_list(body: dict[str, Any], name: str, *, required: bool, max_items: int 
     if not isinstance(v, list) or len(v) > max_items or not all(isinstance(x, str) for x in v):
         raise errors.InvalidParameter(f"{name} must be a list of at most {max_items} strings")
     return v
+
+
+def pull_fields(body: dict[str, Any]) -> int:
+    """The pull's `fields` as encode_pull's bit mask: every field when absent, else id, receipt
+    and the named ones (SQS's attribute names: a consumer asks for what it reads)."""
+    names = str_list(body, "fields", required=False, max_items=100)
+    if names is None:
+        return ALL_PULL_FIELDS
+    mask = 0b11
+    for name in names:
+        if name not in PULL_FIELDS:
+            raise errors.InvalidParameter(f"fields: {name[:64]!r} is not a field of a pulled message "
+                                          f"({', '.join(PULL_FIELDS)})")
+        mask |= 1 << PULL_FIELDS.index(name)
+    return mask
+
+
+def pulled_names(mask: int) -> frozenset[str]:
+    """The names a pulled message keeps under `pull_fields`' mask (`body` stands for `body_b64` too)."""
+    names = {f for k, f in enumerate(PULL_FIELDS) if mask >> k & 1}
+    return frozenset(names | {"body_b64"} if "body" in names else names)
 
 
 # -- produce ----------------------------------------------------------------------------------

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from delayd.storage.batch import PULL_FIELDS
+
 from delayd import __version__
 
 MAX_HOURS_MS = 12 * 3_600_000
@@ -109,11 +111,13 @@ SCHEMAS: dict[str, Any] = {
                                ("topic", "group", "deleted")),
     "PullRequest": obj({"max": {"type": "integer", "minimum": 1, "maximum": 1000},
                         "wait_ms": {"type": "integer", "minimum": 0, "maximum": 30_000},
-                        "lease_ms": LEASE, "tags": {"type": "array", "items": STR, "maxItems": 1000}},
+                        "lease_ms": LEASE, "tags": {"type": "array", "items": STR, "maxItems": 1000},
+                        "fields": {"type": "array", "maxItems": 100,
+                                   "items": {"type": "string", "enum": list(PULL_FIELDS)}}},
                        closed=True),
+    # Every field, unless the pull's `fields` named fewer: then id, receipt and those.
     "PulledMessage": obj({**VIEW_PROPS, "receipt": STR, "delivered_at": EPOCH_MS,
-                          "attempt": {"type": "integer", "minimum": 1}},
-                         (*VIEW_REQUIRED, "receipt", "delivered_at", "attempt")),
+                          "attempt": {"type": "integer", "minimum": 1}}, ("id", "receipt")),
     "Pulled": obj({"messages": {"type": "array", "items": ref("PulledMessage")}}, ("messages",)),
     "AckRequest": obj({"receipts": RECEIPTS}, ("receipts",), closed=True),
     "Acked": obj({"acked": COUNT, "stale": RECEIPTS}, ("acked", "stale")),

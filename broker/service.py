@@ -561,13 +561,14 @@ class Broker:
                 pass
         return got
 
-    def pulled_msgpack(self, taken: Taken) -> bytes | None:
-        """The msgpack answer of a pull, made by the batch core from the leased rows and one
-        read per stretch of the log; None when a record needs the slow path (`pulled`: a read
-        that crossed a segment's end, or a record that does not check out)."""
+    def pulled_msgpack(self, taken: Taken, fields: int) -> bytes | None:
+        """The msgpack answer of a pull (of the `fields` that encode_pull's mask names), made by
+        the batch core from the leased rows and one read per stretch of the log; None when a
+        record needs the slow path (`pulled`: a read that crossed a segment's end, or a record
+        that does not check out)."""
         assert self.store is not None
         reads = self.store.dispatch.read_runs(taken.rows, PROW)
-        body, problems = batch.ops.encode_pull(taken.rows, self._id_prefix.encode(), taken.tokens, reads)
+        body, problems = batch.ops.encode_pull(taken.rows, self._id_prefix.encode(), taken.tokens, reads, fields)
         return None if problems else body
 
     def pulled(self, topic: str, name: str, taken: Taken) -> list[tuple[Delivery, Record]]:

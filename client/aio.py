@@ -474,25 +474,34 @@ class AsyncClient(Listing):
         return found
 
     async def pull(self, topic: str, group: str, max: int = 100, wait_ms: int | timedelta = 0,
-                   lease_ms: int | timedelta = 30_000, tags: Iterable[str] | None = None
-                   ) -> list[ReceivedMessage]:
-        """Lease up to `max` due messages, waiting up to `wait_ms` for the first one."""
+                   lease_ms: int | timedelta = 30_000, tags: Iterable[str] | None = None,
+                   fields: Iterable[str] | None = None) -> list[ReceivedMessage]:
+        """Lease up to `max` due messages, waiting up to `wait_ms` for the first one. `fields`:
+        only these are sent (with id, receipt and deliver_at; the others keep their defaults:
+        empty body, no key, tag or headers, attempt 1, delivered_at = deliver_at)."""
         wait = to_ms_duration(wait_ms, "wait_ms")
         lease = to_ms_duration(lease_ms, "lease_ms")
         tag_list = None if tags is None else [str(t) for t in tags]
+        field_list = None if fields is None else sorted({str(f) for f in fields} | {"deliver_at"})
 
         async def fetch(url: str, n: int, wait_ms: int, lease_ms: int) -> list[ReceivedMessage]:
             body: dict[str, Any] = {"max": n, "wait_ms": wait_ms, "lease_ms": lease_ms}
             if tag_list is not None:
                 body["tags"] = tag_list
+            if field_list is not None:
+                body["fields"] = field_list
             answer = await self._call(url, "POST", self._sub_path(topic, group, "pull"), body=body,
                                       extra_timeout_s=wait_ms / 1000)
-            return [ReceivedMessage.from_wire(m, group) for m in answer.get("messages") or []]
+            got = answer.get("messages") or []
+            if field_list is not None and "topic" not in field_list:
+                got = [{"topic": topic, **m} for m in got]
+            return [ReceivedMessage.from_wire(m, group) for m in got]
 
         await self._ready()
         if not self.sharded:
             return await fetch(self._targets[0], max, wait, lease)
-        key = PullKey(topic, group, None if tag_list is None else tuple(tag_list))
+        key = PullKey(topic, group, None if tag_list is None else tuple(tag_list),
+                      None if field_list is None else tuple(field_list))
         return await self._puller.pull(key, self._targets, fetch, max_messages=max, wait_ms=wait, lease_ms=lease)
 
     async def _settle(self, topic: str, group: str, action: str, receipts: Receipts,

@@ -36,6 +36,7 @@ class PullKey(NamedTuple):
     topic: str
     group: str
     tags: tuple[str, ...] | None
+    fields: tuple[str, ...] | None = None  # messages pulled with fewer fields serve only such pulls
 
 
 def split_max(total: int, parts: int) -> list[int]:

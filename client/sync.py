@@ -210,9 +210,11 @@ class Client(SyncListing):
         return self._run(self.aio.delete_subscription(topic, group))
 
     def pull(self, topic: str, group: str, max: int = 100, wait_ms: int | timedelta = 0,
-             lease_ms: int | timedelta = 30_000, tags: Iterable[str] | None = None) -> list[ReceivedMessage]:
-        """Lease up to `max` due messages, waiting up to `wait_ms` for the first one."""
-        return self._run(self.aio.pull(topic, group, max, wait_ms, lease_ms, tags))
+             lease_ms: int | timedelta = 30_000, tags: Iterable[str] | None = None,
+             fields: Iterable[str] | None = None) -> list[ReceivedMessage]:
+        """Lease up to `max` due messages, waiting up to `wait_ms` for the first one. `fields`:
+        only these are sent (with id, receipt and deliver_at; the others keep their defaults)."""
+        return self._run(self.aio.pull(topic, group, max, wait_ms, lease_ms, tags, fields))
 
     def ack(self, topic: str, group: str, receipts: Receipts) -> AckResult:
         """Acknowledge messages (receipts, or the `ReceivedMessage`s themselves)."""

@@ -690,17 +690,27 @@ assert PROW == 56
 MAX_HEADERS_ON_FILE = 64
 
 
-def encode_pull(rows: bytes, prefix: bytes, tokens: list[str], reads: list[tuple[int, bytes]]
-                ) -> tuple[bytes, list[tuple[int, int]]]:
+PULL_FIELDS = ("id", "receipt", "topic", "key", "tag", "headers", "body", "deliver_at", "delivered_at", "attempt")
+ALL_PULL_FIELDS = (1 << len(PULL_FIELDS)) - 1
+
+
+def encode_pull(rows: bytes, prefix: bytes, tokens: list[str], reads: list[tuple[int, bytes]],
+                fields: int = ALL_PULL_FIELDS) -> tuple[bytes, list[tuple[int, int]]]:
     """The msgpack answer of a pull, ``{"messages": [...]}``, from PullRows (a 40-byte ready unit,
     then its index u64, attempt u32 and the number of its lease token in `tokens` u32) and their
     records in `reads` ((commit-log offset, bytes) sorted by offset): per message the API's
     object — id (prefix + seq in hex), receipt (id.index-hex.token), topic, key, tag, headers,
-    body, deliver_at (the record's), delivered_at (the unit's release time), attempt. A record
-    not in `reads`, or one that does not check out (CRC, version, UTF-8 of topic/tag/key, headers
-    that are not exactly msgpack.packb of a str→str dict of at most 64 entries) is left out and
-    named in `problems` as (row index, outcome): 0 not read, SCAN_TORN, SCAN_CORRUPT, SCAN_VERSION."""
+    body, deliver_at (the record's), delivered_at (the unit's release time), attempt; of those
+    only the ones whose bit (k for PULL_FIELDS[k]) is set in `fields`. A record not in `reads`, or
+    one that does not check out (CRC, version, UTF-8 of topic/tag/key, headers that are not
+    exactly msgpack.packb of a str→str dict of at most 64 entries) is left out and named in
+    `problems` as (row index, outcome): 0 not read, SCAN_TORN, SCAN_CORRUPT, SCAN_VERSION,
+    whichever fields are asked for."""
+    if not isinstance(fields, int):
+        raise TypeError("fields must be int")
+    _need(0 <= fields <= ALL_PULL_FIELDS, "fields")
     _need(len(rows) % PROW == 0, "rows")
+    kept = [name for k, name in enumerate(PULL_FIELDS) if fields >> k & 1]
     starts = [s for s, _ in reads]
     out: list[dict[str, Any]] = []
     problems = []
@@ -739,9 +749,10 @@ def encode_pull(rows: bytes, prefix: bytes, tokens: list[str], reads: list[tuple
                 problems.append((i, SCAN_CORRUPT))
                 continue
         mid = prefix.decode() + format(seq, "x")
-        out.append({"id": mid, "receipt": f"{mid}.{index:x}.{tokens[token]}", "topic": topic, "key": key,
-                    "tag": tag, "headers": headers, "body": raw[tl + gl + kl + hl:], "deliver_at": deliver_at,
-                    "delivered_at": released_at, "attempt": attempt})
+        msg = {"id": mid, "receipt": f"{mid}.{index:x}.{tokens[token]}", "topic": topic, "key": key,
+               "tag": tag, "headers": headers, "body": raw[tl + gl + kl + hl:], "deliver_at": deliver_at,
+               "delivered_at": released_at, "attempt": attempt}
+        out.append({name: msg[name] for name in kept})
     return msgpack.packb({"messages": out}, use_bin_type=True), problems
 
 

@@ -129,18 +129,39 @@ static uint8_t *mp_bin(uint8_t *p, const uint8_t *s, size_t n) {
     return p + n;
 }
 
-/* encode_pull(rows, prefix, tokens, reads) -> (answer, problems)
+/* The fields of a pulled message, in the order of the answer; bit k of `fields` keeps field k. */
+enum { F_ID = 1, F_RECEIPT = 2, F_TOPIC = 4, F_KEY = 8, F_TAG = 16, F_HEADERS = 32, F_BODY = 64,
+       F_DELIVER_AT = 128, F_DELIVERED_AT = 256, F_ATTEMPT = 512, F_ALL = 1023 };
+
+/* encode_pull(rows, prefix, tokens, reads, fields=1023) -> (answer, problems)
  * The msgpack answer of a pull, {"messages": [...]}, exactly as msgpack.packb would encode the
  * API's message objects (id, receipt, topic, key, tag, headers, body, deliver_at, delivered_at,
- * attempt), built from PullRows and their records in `reads` ((commit-log offset, bytes) sorted
- * by offset) without a Python object per message: headers are copied as stored (checked to be
- * a map of str to str), the body as bin. A record that is not in `reads` or does not check out
- * (CRC, version, UTF-8 of topic/tag/key, headers) is left out and named in `problems` as
- * (row index, outcome) — 0 not read, 1 torn, 2 corrupt, 3 version. */
+ * attempt; only those whose bit is set in `fields`, in that order), built from PullRows and their
+ * records in `reads` ((commit-log offset, bytes) sorted by offset) without a Python object per
+ * message: headers are copied as stored (checked to be a map of str to str), the body as bin.
+ * A record that is not in `reads` or does not check out (CRC, version, UTF-8 of topic/tag/key,
+ * headers) is left out and named in `problems` as (row index, outcome) — 0 not read, 1 torn,
+ * 2 corrupt, 3 version — whichever fields are asked for. */
 PyObject *encode_pull(PyObject *self, PyObject *args) {
     PyObject *rows_o, *prefix_o, *tokens_o, *reads_o;
-    if (!PyArg_ParseTuple(args, "OO!O!O!", &rows_o, &PyBytes_Type, &prefix_o, &PyList_Type, &tokens_o, &PyList_Type, &reads_o))
+    PyObject *fields_o = NULL;
+    if (!PyArg_ParseTuple(args, "OO!O!O!|O", &rows_o, &PyBytes_Type, &prefix_o, &PyList_Type, &tokens_o, &PyList_Type,
+                          &reads_o, &fields_o))
         return NULL;
+    unsigned long long fields = F_ALL;
+    if (fields_o) {
+        if (!PyLong_Check(fields_o)) {
+            PyErr_SetString(PyExc_TypeError, "fields must be int");
+            return NULL;
+        }
+        fields = PyLong_AsUnsignedLongLong(fields_o);
+        if (PyErr_Occurred() || (fields & ~(unsigned long long)F_ALL)) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_ValueError, "fields");
+            return NULL;
+        }
+    }
+    uint8_t nfields = (uint8_t)__builtin_popcountll(fields);
     Buf rb;
     if (buf_get(rows_o, &rb, 0, "rows") < 0) return NULL;
     Py_ssize_t nreads = PyList_GET_SIZE(reads_o), held = 0, ntok = PyList_GET_SIZE(tokens_o);
@@ -210,36 +231,35 @@ PyObject *encode_pull(PyObject *self, PyObject *args) {
         uint8_t *p = out_take(&o, need);
         if (!p) goto done;
         uint8_t *q = p;
-        *q++ = 0x8a;  /* a map of 10 */
-        q = mp_fixstr(q, "id");
+        *q++ = (uint8_t)(0x80 | nfields);  /* a map of at most 10 */
         char *idbuf = PyMem_Malloc(rcl);
         if (!idbuf) { PyErr_NoMemory(); goto done; }
         memcpy(idbuf, prefix, plen);
         memcpy(idbuf + plen, hexseq, sl);
-        q = mp_str(q, idbuf, (Py_ssize_t)idl);
         idbuf[idl] = '.';
         memcpy(idbuf + idl + 1, hexidx, il);
         idbuf[idl + 1 + il] = '.';
         memcpy(idbuf + idl + 2 + il, tok[token], (size_t)toklen[token]);
-        q = mp_fixstr(q, "receipt");
-        q = mp_str(q, idbuf, (Py_ssize_t)rcl);
+        if (fields & F_ID) { q = mp_fixstr(q, "id"); q = mp_str(q, idbuf, (Py_ssize_t)idl); }
+        if (fields & F_RECEIPT) { q = mp_fixstr(q, "receipt"); q = mp_str(q, idbuf, (Py_ssize_t)rcl); }
         PyMem_Free(idbuf);
-        q = mp_fixstr(q, "topic");
-        q = mp_str(q, (const char *)topic, (Py_ssize_t)tl);
-        q = mp_fixstr(q, "key");
-        if (kl) q = mp_str(q, (const char *)key, (Py_ssize_t)kl); else *q++ = 0xc0;
-        q = mp_fixstr(q, "tag");
-        if (gl) q = mp_str(q, (const char *)tag, (Py_ssize_t)gl); else *q++ = 0xc0;
-        q = mp_fixstr(q, "headers");
-        if (hl) { memcpy(q, hdr, hl); q += hl; } else *q++ = 0x80;
-        q = mp_fixstr(q, "body");
-        q = mp_bin(q, body, bl);
-        q = mp_fixstr(q, "deliver_at");
-        q = mp_uint_or_int(q, rdi64(r + 20));
-        q = mp_fixstr(q, "delivered_at");
-        q = mp_uint_or_int(q, rdi64(row + 24));
-        q = mp_fixstr(q, "attempt");
-        q = mp_uint_or_int(q, rd32(row + 48));
+        if (fields & F_TOPIC) { q = mp_fixstr(q, "topic"); q = mp_str(q, (const char *)topic, (Py_ssize_t)tl); }
+        if (fields & F_KEY) {
+            q = mp_fixstr(q, "key");
+            if (kl) q = mp_str(q, (const char *)key, (Py_ssize_t)kl); else *q++ = 0xc0;
+        }
+        if (fields & F_TAG) {
+            q = mp_fixstr(q, "tag");
+            if (gl) q = mp_str(q, (const char *)tag, (Py_ssize_t)gl); else *q++ = 0xc0;
+        }
+        if (fields & F_HEADERS) {
+            q = mp_fixstr(q, "headers");
+            if (hl) { memcpy(q, hdr, hl); q += hl; } else *q++ = 0x80;
+        }
+        if (fields & F_BODY) { q = mp_fixstr(q, "body"); q = mp_bin(q, body, bl); }
+        if (fields & F_DELIVER_AT) { q = mp_fixstr(q, "deliver_at"); q = mp_uint_or_int(q, rdi64(r + 20)); }
+        if (fields & F_DELIVERED_AT) { q = mp_fixstr(q, "delivered_at"); q = mp_uint_or_int(q, rdi64(row + 24)); }
+        if (fields & F_ATTEMPT) { q = mp_fixstr(q, "attempt"); q = mp_uint_or_int(q, rd32(row + 48)); }
         o.n -= need - (size_t)(q - p);
         kept++;
     }

@@ -58,6 +58,7 @@ class PeerOptions:
     profile_dir: Path | None = None  # py-spy recordings of every daemon go here
     redis_bin: str = "redis-server"
     redis_poll_ms: float = 10.0  # Redis consumers poll this often when nothing is due
+    pull_all_fields: bool = False  # delayd consumers ask for every field, not only what they read
 
 
 # ----------------------------------------------------------------------------------------------

@@ -68,8 +68,11 @@ class DelaydProducer(Producer):
 class DelaydConsumer(Consumer):
     """Long-polls `pull` on one connection; acks in batches on two others, off the critical path."""
 
-    def __init__(self, url: str, topic: str, group: str) -> None:
+    def __init__(self, url: str, topic: str, group: str, all_fields: bool = False) -> None:
         self.topic, self.group = topic, group
+        # What receive() reads besides id and receipt, as a consumer asks for it (API: `fields`);
+        # --pull-all-fields measures the full answer.
+        self.fields = None if all_fields else ["deliver_at"]
         self.pulls = Delayd(url, 1)
         self.acks_client = Delayd(url, 2)
         self.acker: Acker | None = None
@@ -81,7 +84,7 @@ class DelaydConsumer(Consumer):
         await self.acks_client.__aenter__()
         self.acker = Acker(self.acks_client, self.topic, self.group)
         # The first pull creates the group; anything it already finds due is handed out first.
-        recv, msgs = await self.pulls.pull(self.topic, self.group, 1, 0, LEASE_MS)
+        recv, msgs = await self.pulls.pull(self.topic, self.group, 1, 0, LEASE_MS, self.fields)
         if msgs:
             self._first = (recv, msgs)
         return self
@@ -99,7 +102,7 @@ class DelaydConsumer(Consumer):
         if self._first is not None:
             (recv, msgs), self._first = self._first, None
         else:
-            recv, msgs = await self.pulls.pull(self.topic, self.group, BATCH, PULL_WAIT_MS, LEASE_MS)
+            recv, msgs = await self.pulls.pull(self.topic, self.group, BATCH, PULL_WAIT_MS, LEASE_MS, self.fields)
             self.receives += 1
         if msgs:
             self.acker.put([m["receipt"] for m in msgs])
@@ -191,7 +194,7 @@ class DelaydPeer(Peer):
         return functools.partial(DelaydProducer, self.url)
 
     def consumer(self, topic: str, group: str) -> DelaydConsumer:
-        return DelaydConsumer(self.url, topic, group)
+        return DelaydConsumer(self.url, topic, group, self.options.pull_all_fields)
 
     def profile_phase(self, tag: str) -> None:
         pid = self.pid()

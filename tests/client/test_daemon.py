@@ -154,6 +154,17 @@ async def test_consume_cycle(c: Either) -> None:
         await c("cancel", got[0].id)
 
 
+async def test_pull_of_chosen_fields(c: Either) -> None:
+    topic = fresh()
+    await c("subscribe", topic, "g", start="earliest")
+    (sent,) = await c("send_batch", topic, [{"body": "payload", "key": "k", "tag": "a", "headers": {"h": "v"}}])
+    [m] = await until_async(lambda: c("pull", topic, "g", max=10, wait_ms=1_000, fields=["body"]), what="1 message")
+    assert (m.id, m.topic, m.body, m.deliver_at) == (sent.id, topic, b"payload", sent.deliver_at)
+    assert (m.key, m.tag, m.headers, m.attempt, m.delivered_at) == (None, None, {}, 1, sent.deliver_at), \
+        "fields not asked for keep their defaults"
+    assert (await c("ack", topic, "g", m)).acked == 1
+
+
 async def _pull_into(c: Either, topic: str, got: list[ReceivedMessage], **kw: object) -> bool:
     got += await c("pull", topic, "g", max=10, wait_ms=1_000, lease_ms=10_000, **kw)
     return len(got) >= 4

@@ -364,6 +364,31 @@ def test_json_body_b64_and_text_bodies(api: Api, topic: str) -> None:
     assert tp["body"] == text.encode()
 
 
+def test_fields_choose_what_a_pull_answers_and_the_receipts_still_settle(api: Api, topic: str) -> None:
+    sent = api.produce(topic, {"body": "text", "key": "k", "tag": "t", "headers": {"h": "v"}},
+                       {"body_b64": base64.b64encode(b"\xff\x00").decode()})
+    full = {m["id"]: m for m in api.pull_until(topic, "all", 2)}
+    assert all(len(m) == 10 for m in full.values()), "no `fields`: every field"
+    for fmt, group in ((JSON, "j"), (MSGPACK, "m")):
+        got = {m["id"]: m for m in api.pull_until(topic, group, 2, fmt=fmt, fields=["deliver_at", "body", "deliver_at"])}
+        assert set(got) == {p["id"] for p in sent}
+        text, binary = (got[p["id"]] for p in sent)
+        assert list(text) == ["id", "receipt", "body", "deliver_at"], "the order of the full answer, each once"
+        assert text["deliver_at"] == full[text["id"]]["deliver_at"]
+        if fmt == JSON:
+            assert text["body"] == "text" and list(binary) == ["id", "receipt", "body_b64", "deliver_at"]
+        else:
+            assert text["body"] == b"text" and binary["body"] == b"\xff\x00"
+        assert api.ack(topic, group, receipts(got.values())) == {"acked": 2, "stale": []}
+        api.produce(topic, {"body": "again"})
+        (bare,) = api.pull_until(topic, group, 1, fmt=fmt, fields=[])
+        assert list(bare) == ["id", "receipt"], "id and receipt come whatever is asked"
+        assert api.ack(topic, group, [bare["receipt"]]) == {"acked": 1, "stale": []}
+    for bad in (["bodyy"], ["id", 1], "body", {"body": 1}, ["x"] * 101):
+        assert_error(api.call("POST", f"/v1/topics/{topic}/subscriptions/j/pull", {"fields": bad}), 400,
+                     "invalid_parameter")
+
+
 def test_msgpack_response_for_msgpack_requests_json_otherwise(api: Api, topic: str) -> None:
     r = api.call("POST", f"/v1/topics/{topic}/messages", {"body": b"x"}, fmt=MSGPACK)
     assert r.content_type == MSGPACK and r.body["messages"][0]["duplicate"] is False

@@ -608,16 +608,27 @@ def pull_case(draw: Any) -> dict[str, Any]:
         rows.append(ref.PULL.pack(off, len(r), 0, 0, draw(st.integers(-5, 2**50)), seq, draw(st.integers(0, 2**40)),
                                   draw(st.integers(1, 2**32 - 1)), draw(st.integers(0, len(tokens) - 1))))
     reads = [(start, bytes(buf))] if draw(st.integers(0, 5)) else []
+    fields = draw(st.one_of(st.none(), st.integers(0, ref.ALL_PULL_FIELDS),
+                            st.sampled_from([-1, ref.ALL_PULL_FIELDS + 1, 2**64 + 1, 2**70, "body", 1.0, True])))
     return {"rows": b"".join(rows), "prefix": draw(st.sampled_from([b"d-", b"s12-"])), "tokens": tokens,
-            "reads": reads}
+            "reads": reads, "fields": fields}
 
 
 @SETTINGS
 @given(pull_case())
 def test_encode_pull(case: dict[str, Any]) -> None:
-    got = same(c.encode_pull, ref.encode_pull, case["rows"], case["prefix"], case["tokens"], case["reads"])
+    args = (case["rows"], case["prefix"], case["tokens"], case["reads"])
+    if case["fields"] is None:
+        got = same(c.encode_pull, ref.encode_pull, *args)
+    else:
+        got = same(c.encode_pull, ref.encode_pull, *args, case["fields"])
     if got is not None:
         assert isinstance(msgpack.unpackb(got[0]), dict)
+    if got is not None and case["fields"] is not None:  # a choice of fields leaves out the others, nothing more
+        full, problems = c.encode_pull(*args)
+        assert got[1] == problems
+        keep = [f for k, f in enumerate(ref.PULL_FIELDS) if case["fields"] >> k & 1]
+        assert msgpack.unpackb(got[0]) == {"messages": [{f: m[f] for f in keep} for m in msgpack.unpackb(full)["messages"]]}
 
 
 receipt = st.one_of(
