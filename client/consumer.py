@@ -58,7 +58,8 @@ class AsyncConsumer:
     def __init__(self, client: AsyncClient, topic: str, group: str, handler: Handler, *, concurrency: int = 8,
                  lease_ms: int = 30_000, wait_ms: int = 1_000, tags: Iterable[str] | None = None,
                  retry_delay_ms: RetryDelay = None, max_messages: int | None = None,
-                 idle_timeout_s: float | None = None, drain_timeout_s: float = 30.0) -> None:
+                 idle_timeout_s: float | None = None, drain_timeout_s: float = 30.0,
+                 fields: Iterable[str] | None = None) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
         if lease_ms < 1_000:
@@ -71,6 +72,8 @@ class AsyncConsumer:
         self.lease_ms = lease_ms
         self.wait_ms = wait_ms
         self.tags = None if tags is None else list(tags)
+        # Only these fields of each message (pull's `fields`); the attempt always, for retry_delay_ms.
+        self.fields = None if fields is None else [*fields, "attempt"]
         self.retry_delay_ms = retry_delay_ms
         self.max_messages = max_messages
         self.idle_timeout_s = idle_timeout_s
@@ -168,7 +171,7 @@ class AsyncConsumer:
             pulled_at = time.monotonic()
             try:
                 messages = await self.client.pull(self.topic, self.group, max=budget, wait_ms=self.wait_ms,
-                                                  lease_ms=self.lease_ms, tags=self.tags)
+                                                  lease_ms=self.lease_ms, tags=self.tags, fields=self.fields)
             except DelaydError as e:
                 failures += 1
                 self.stats.pull_errors += 1

@@ -204,24 +204,28 @@ async def test_producer(daemon: DaemonProcess) -> None:
         assert (await client.get_key(topic, "k499")).text == "m499"
 
 
-async def test_consumer_runner_dead_letters(daemon: DaemonProcess) -> None:
+@pytest.mark.parametrize("fields", [None, ["body"]])
+async def test_consumer_runner_dead_letters(daemon: DaemonProcess, fields: list[str] | None) -> None:
     topic = fresh()
     attempts: dict[str, list[int]] = {}
+    tags: set[str | None] = set()
 
     async def handler(m: ReceivedMessage) -> None:
         attempts.setdefault(m.text, []).append(m.attempt)
+        tags.add(m.tag)
         if m.text.startswith("bad"):
             raise RuntimeError("handler failed")
 
     async with AsyncClient(daemon.url) as client:
         await client.subscribe(topic, "workers", max_attempts=3)
-        await client.send_batch(topic, [{"body": b} for b in ("good-1", "bad-1", "good-2", "bad-2")])
+        await client.send_batch(topic, [{"body": b, "tag": "t"} for b in ("good-1", "bad-1", "good-2", "bad-2")])
         consumer = AsyncConsumer(client, topic, "workers", handler, concurrency=4, wait_ms=200,
-                                 retry_delay_ms=lambda attempt: 20)
+                                 retry_delay_ms=lambda attempt: 20, fields=fields)
         async with consumer:
             dead = await until_async(lambda: _dead_count(client, topic, 2), timeout_s=15, what="2 dead letters")
         assert sorted(d.body.decode() for d in dead) == ["bad-1", "bad-2"]
-        assert attempts["bad-1"] == [1, 2, 3] and attempts["good-1"] == [1]
+        assert attempts["bad-1"] == [1, 2, 3] and attempts["good-1"] == [1], "the attempt comes with any fields"
+        assert tags == ({"t"} if fields is None else {None}), "only the fields asked for"
         assert consumer.stats.succeeded == 2 and consumer.stats.failed == 6
         stats = await client.stats()
         assert stats.groups[f"{topic}/workers"]["dead"] == 2
