@@ -206,10 +206,6 @@ class ProcessMeter:
         except psutil.Error:
             return [p]
 
-    def cpu_s(self) -> float:
-        """User + system CPU seconds the server has used since it started."""
-        return sum(self.cpu_split())
-
     def cpu_split(self) -> tuple[float, float]:
         """(user, system) CPU seconds the server has used since it started."""
         user = system = 0.0
