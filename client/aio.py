@@ -492,10 +492,7 @@ class AsyncClient(Listing):
                 body["fields"] = field_list
             answer = await self._call(url, "POST", self._sub_path(topic, group, "pull"), body=body,
                                       extra_timeout_s=wait_ms / 1000)
-            got = answer.get("messages") or []
-            if field_list is not None and "topic" not in field_list:
-                got = [{"topic": topic, **m} for m in got]
-            return [ReceivedMessage.from_wire(m, group) for m in got]
+            return [ReceivedMessage.from_wire(m, group, topic) for m in answer.get("messages") or []]
 
         await self._ready()
         if not self.sharded:

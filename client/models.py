@@ -109,9 +109,10 @@ class ReceivedMessage:
         return from_epoch_ms(self.deliver_at)
 
     @classmethod
-    def from_wire(cls, obj: Mapping[str, Any], group: str | None = None) -> ReceivedMessage:
+    def from_wire(cls, obj: Mapping[str, Any], group: str | None = None, topic: str = "") -> ReceivedMessage:
+        """`topic`: the topic pulled from, for an answer without one (a pull whose `fields` left it out)."""
         deliver_at = int(_req(obj, "deliver_at"))
-        return cls(id=str(_req(obj, "id")), receipt=str(_req(obj, "receipt")), topic=str(obj.get("topic") or ""),
+        return cls(id=str(_req(obj, "id")), receipt=str(_req(obj, "receipt")), topic=str(obj.get("topic") or topic),
                    body=decode_body(obj), deliver_at=deliver_at,
                    delivered_at=int(obj.get("delivered_at") or deliver_at), attempt=int(obj.get("attempt") or 1),
                    key=obj.get("key"), tag=obj.get("tag"), headers=_headers(obj), group=group)
