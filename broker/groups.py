@@ -463,7 +463,7 @@ class Groups:
     def ack(self, g: Group, receipts: list[str]) -> tuple[int, list[str]]:
         """(acked, stale receipts); what was acked is done for the group, in one GROUP record."""
         now = self.now_ms()
-        whole = self._ack_take(g, receipts, now)
+        whole = self.ack_whole(g, batch.ops.parse_receipts(receipts), now)
         if whole is not None:
             return whole, []
         return self._ack_each(g, receipts, now)
@@ -483,13 +483,16 @@ class Groups:
             self.log_event(g.topic, g.name, {"op": "ack", "idx": acked})
         return len(acked), stale
 
-    def _ack_take(self, g: Group, receipts: list[str], now: int) -> int | None:
+    def ack_whole(self, g: Group, parsed: tuple[bytes, bytes, list[str]], now: int | None = None) -> int | None:
         """`ack` of receipts that all hold one live lease, each index once (a consumer acking what
-        one pull gave it: the common case), without a step per receipt in Python; None when
-        they do not, and `ack` decides receipt by receipt."""
-        indexes, token_ids, tokens = batch.ops.parse_receipts(receipts)
-        if len(tokens) != 1 or not receipts:
+        one pull gave it: the common case), without a step per receipt in Python, from what the
+        batch core's `parse_receipts` (or `parse_receipts_raw`) made of them; None when they do
+        not, and `ack` decides receipt by receipt."""
+        indexes, token_ids, tokens = parsed
+        if len(tokens) != 1 or not indexes:
             return None
+        if now is None:
+            now = self.now_ms()
         idx = array("Q", indexes)
         if array("I", token_ids).count(0) != len(idx):  # a receipt batch_core left to parse_receipt
             return None

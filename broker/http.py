@@ -95,11 +95,15 @@ async def read_raw(request: web.Request, limit: int) -> bytearray:
     return raw
 
 
-async def read_body(request: web.Request) -> Any:
-    """A request body other than a produce: small (bodies.CONTROL_BODY_BYTES), decoded whole."""
+async def read_control(request: web.Request) -> tuple[bytearray, str]:
+    """A request body other than a produce (at most bodies.CONTROL_BODY_BYTES) and its format."""
     raw = await read_raw(request, min(bodies.CONTROL_BODY_BYTES, request.app[CONFIG].max_request_bytes))
-    fmt = codec.request_format(request.headers.get("Content-Type"), bool(raw))
-    return bodies.control(raw, fmt)
+    return raw, codec.request_format(request.headers.get("Content-Type"), bool(raw))
+
+
+async def read_body(request: web.Request) -> Any:
+    """A request body other than a produce, decoded whole."""
+    return bodies.control(*await read_control(request))
 
 
 SLICE_S = 0.002  # the longest a produce body is decoded before other requests get the event loop
@@ -364,9 +368,15 @@ async def settle(request: web.Request) -> web.Response:
     authorize(request, "consume", topic)
     op = request.match_info["op"]
     allowed = {"ack": {"receipts"}, "nack": {"receipts", "delay_ms"}, "extend": {"receipts", "lease_ms"}}[op]
-    body = codec.only(codec.obj(await read_body(request)), allowed)
-    receipts = codec.str_list(body, "receipts", required=True) or []
+    raw, fmt = await read_control(request)
     broker = request.app[BROKER]
+    if op == "ack" and fmt == codec.MSGPACK:
+        # The usual ack, of what one pull gave, read by the batch core (Broker.ack_raw).
+        n = await broker.ack_raw(topic, name, raw, bodies.CONTROL_LIST)
+        if n is not None:
+            return reply(request, {"acked": n, "stale": []})
+    body = codec.only(codec.obj(bodies.control(raw, fmt)), allowed)
+    receipts = codec.str_list(body, "receipts", required=True) or []
     if op == "ack":
         n, stale = await broker.settle("ack", topic, name, receipts)
         return reply(request, {"acked": n, "stale": stale})

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import EllipsisType
-from typing import Any
+from typing import Any, cast
 
 from delayd.broker import codec, errors
 from delayd.broker.clock import Clock
@@ -431,7 +431,7 @@ class Broker:
         """Which messages of a keyed batch are stored, and what the others answer (see `produce`)."""
         out = _Keyed()
         in_batch: dict[str, int] = {}
-        named = [k for k in keys if k is not None]
+        named = [k for k in keys if k is not None] if None in keys else cast(list[str], keys)  # usually all keyed
         holders = store.key_holders(topic, named)
         if not holders and len(set(named)) == len(named):  # the usual batch: new keys, none repeated
             out.fresh = list(range(len(keys)))
@@ -605,6 +605,21 @@ class Broker:
             raise errors.NotFound(f"no subscription {name!r} on topic {topic!r}")
         await self._durable()
         return {"topic": topic, "group": name, "deleted": True}
+
+    async def ack_raw(self, topic: str, name: str, body: bytes | bytearray, max_receipts: int) -> int | None:
+        """An ack whose msgpack body is exactly `{"receipts": [...]}` with receipts of one live
+        lease (what one pull gave), read by the batch core without a Python object per receipt:
+        how many were acked. None for any other body, and the caller decodes it and calls
+        `settle`, which answers it (its errors and stale receipts included)."""
+        parsed = batch.ops.parse_receipts_raw(body, max_receipts)
+        if parsed is None:
+            return None
+        g = self.group(topic, name)
+        assert self.groups is not None
+        n = self.groups.ack_whole(g, parsed)
+        if n:
+            await self._durable()  # an acked message must not come back after a crash
+        return n
 
     async def settle(self, op: str, topic: str, name: str, receipts: list[str],
                      delay_ms: int | None = None, lease_ms: int = 30_000) -> tuple[int, list[str]]:

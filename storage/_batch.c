@@ -40,6 +40,7 @@ static PyMethodDef methods[] = {
     {"seq_runs", seq_runs, METH_VARARGS, "runs of seqs for batched message-table reads"},
     {"encode_pull", encode_pull, METH_VARARGS, "the msgpack answer of a pull"},
     {"parse_receipts", parse_receipts, METH_VARARGS, "indexes and tokens of receipts"},
+    {"parse_receipts_raw", parse_receipts_raw, METH_VARARGS, "parse_receipts of an ack's msgpack body"},
     {"lateness", lateness, METH_VARARGS, "now - the due time of rows"},
     {"bucket_counts", bucket_counts, METH_VARARGS, "histogram buckets of a batch of values"},
     {"unit_bounds", unit_bounds, METH_O, "lowest commit offset and latest release of ready units"},

@@ -808,6 +808,26 @@ def parse_receipts(receipts: list[Any]) -> tuple[bytes, bytes, list[str]]:
     return struct.pack(f"<{len(idx)}Q", *idx), struct.pack(f"<{len(tid)}I", *tid), tokens
 
 
+def parse_receipts_raw(body: bytes | bytearray, max_n: int) -> tuple[bytes, bytes, list[str]] | None:
+    """parse_receipts of an ack's msgpack body as it arrived: a map of one entry, the str
+    "receipts", to an array of at most `max_n` str (UTF-8), nothing after it; None for any other
+    body (the caller decodes it and answers what is wrong with it)."""
+    u = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=max(len(body), 1))
+    u.feed(body)
+    try:
+        if u.read_map_header() != 1 or u.unpack() != "receipts":
+            return None
+        count = u.read_array_header()
+        if count > max_n:
+            return None
+        receipts = [u.unpack() for _ in range(count)]
+    except (msgpack.UnpackException, ValueError, TypeError):
+        return None
+    if any(type(r) is not str for r in receipts) or u.tell() != len(body):
+        return None
+    return parse_receipts(receipts)
+
+
 def take_rows(units: bytes, first_index: int, exclude: bytes, wanted: bytes | None, max_n: int, attempt: int,
               token: int) -> tuple[bytes, int, bytes]:
     """A consumer group handing out new messages from its cursor (Groups.take): the ready units

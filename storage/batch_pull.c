@@ -286,68 +286,191 @@ done:
     return res;
 }
 
-/* parse_receipts(receipts) -> (indexes, token_ids, tokens)
- * Receipts are `{id}.{index hex}.{token}`. For each: its ready-queue index (u64) and the number of
- * its token in `tokens` (the distinct tokens, u32); a receipt not in that canonical form (lowercase
- * hex, no sign, no leading zeros, a token without '.') gets token id 0xFFFFFFFF and the caller's
- * reference parser (Groups.parse_receipt) decides it. */
-PyObject *parse_receipts(PyObject *self, PyObject *args) {
-    PyObject *list;
-    if (!PyArg_ParseTuple(args, "O!", &PyList_Type, &list)) return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(list);
+/* Receipts are `{id}.{index hex}.{token}`. In canonical form (lowercase hex, no sign, no leading
+ * zeros, 1 to 16 digits, a token without '.') a receipt gives its ready-queue index and where its
+ * token starts: 1; else 0, and the caller's reference parser (Groups.parse_receipt) decides it. */
+static int receipt_canonical(const char *s, Py_ssize_t len, uint64_t *index, Py_ssize_t *token_at) {
+    Py_ssize_t d2 = -1, d1 = -1;
+    for (Py_ssize_t k = len - 1; k >= 0; k--) {
+        if (s[k] == '.') { if (d2 < 0) d2 = k; else { d1 = k; break; } }
+    }
+    if (d1 < 0) return 0;
+    Py_ssize_t hl = d2 - d1 - 1;
+    if (hl < 1 || hl > 16 || (hl > 1 && s[d1 + 1] == '0')) return 0;
+    uint64_t v = 0;
+    for (Py_ssize_t k = d1 + 1; k < d2; k++) {
+        char ch = s[k];
+        int dv = ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : -1;
+        if (dv < 0) return 0;
+        v = (v << 4) | (uint64_t)dv;
+    }
+    *index = v;
+    *token_at = d2 + 1;
+    return 1;
+}
+
+/* The distinct tokens of a batch of receipts, numbered in order of first appearance. A batch
+ * usually has one (the pull's): a token equal to the last one found costs a memcmp, no str. */
+typedef struct {
+    PyObject *tokens;  /* list of str */
+    PyObject *seen;    /* str -> its number */
+    const char *last;  /* the last token found (in the caller's buffer), its length and number */
+    Py_ssize_t last_len, last_k;
+} Tokens;
+
+/* The number of the token s[0:len] (valid UTF-8), -1 with an exception set. */
+static Py_ssize_t token_number(Tokens *t, const char *s, Py_ssize_t len) {
+    if (t->last && t->last_len == len && memcmp(t->last, s, (size_t)len) == 0) return t->last_k;
+    PyObject *token = PyUnicode_FromStringAndSize(s, len);
+    if (!token) return -1;
+    Py_ssize_t k;
+    PyObject *known = PyDict_GetItemWithError(t->seen, token);
+    if (known) {
+        k = PyLong_AsSsize_t(known);
+    } else {
+        if (PyErr_Occurred()) { Py_DECREF(token); return -1; }
+        k = PyList_GET_SIZE(t->tokens);
+        PyObject *kk = PyLong_FromSsize_t(k);
+        if (!kk || PyDict_SetItem(t->seen, token, kk) < 0 || PyList_Append(t->tokens, token) < 0) {
+            Py_XDECREF(kk); Py_DECREF(token); return -1;
+        }
+        Py_DECREF(kk);
+    }
+    Py_DECREF(token);
+    t->last = s;
+    t->last_len = len;
+    t->last_k = k;
+    return k;
+}
+
+/* The answer of both parsers for n receipts: (indexes, token_ids, tokens); `at(i, &len)` gives
+ * receipt i's UTF-8 (NULL: not a str, or not UTF-8: not canonical). */
+typedef const char *(*ReceiptAt)(void *ctx, Py_ssize_t i, Py_ssize_t *len);
+
+static PyObject *receipts_parsed(Py_ssize_t n, ReceiptAt at, void *ctx) {
     PyObject *idx = PyBytes_FromStringAndSize(NULL, n * 8), *tid = PyBytes_FromStringAndSize(NULL, n * 4);
-    PyObject *tokens = PyList_New(0), *seen = PyDict_New(), *res = NULL;
-    if (!idx || !tid || !tokens || !seen) goto done;
+    Tokens t = {.tokens = PyList_New(0), .seen = PyDict_New()};
+    PyObject *res = NULL;
+    if (!idx || !tid || !t.tokens || !t.seen) goto done;
     uint8_t *ip = (uint8_t *)PyBytes_AS_STRING(idx), *tp = (uint8_t *)PyBytes_AS_STRING(tid);
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *r = PyList_GET_ITEM(list, i);
+        Py_ssize_t len, token_at;
+        uint64_t v;
+        const char *s = at(ctx, i, &len);
         wr64(ip + 8 * i, 0);
         wr32(tp + 4 * i, 0xFFFFFFFFu);
-        if (!PyUnicode_CheckExact(r)) continue;
-        Py_ssize_t len;
-        const char *s = PyUnicode_AsUTF8AndSize(r, &len);
-        if (!s) { PyErr_Clear(); continue; }
-        Py_ssize_t d2 = -1, d1 = -1;
-        for (Py_ssize_t k = len - 1; k >= 0; k--) {
-            if (s[k] == '.') { if (d2 < 0) d2 = k; else { d1 = k; break; } }
-        }
-        if (d1 < 0) continue;
-        Py_ssize_t hl = d2 - d1 - 1;
-        if (hl < 1 || hl > 16 || (hl > 1 && s[d1 + 1] == '0')) continue;
-        uint64_t v = 0;
-        int ok = 1;
-        for (Py_ssize_t k = d1 + 1; k < d2; k++) {
-            char ch = s[k];
-            int dv = ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : -1;
-            if (dv < 0) { ok = 0; break; }
-            v = (v << 4) | (uint64_t)dv;
-        }
-        if (!ok) continue;
-        PyObject *token = PyUnicode_FromStringAndSize(s + d2 + 1, len - d2 - 1);
-        if (!token) goto done;
-        PyObject *known = PyDict_GetItemWithError(seen, token);
-        Py_ssize_t k;
-        if (known) {
-            k = PyLong_AsSsize_t(known);
-        } else {
-            if (PyErr_Occurred()) { Py_DECREF(token); goto done; }
-            k = PyList_GET_SIZE(tokens);
-            PyObject *kk = PyLong_FromSsize_t(k);
-            if (!kk || PyDict_SetItem(seen, token, kk) < 0 || PyList_Append(tokens, token) < 0) {
-                Py_XDECREF(kk); Py_DECREF(token); goto done;
-            }
-            Py_DECREF(kk);
-        }
-        Py_DECREF(token);
+        if (!s || !receipt_canonical(s, len, &v, &token_at)) continue;
+        Py_ssize_t k = token_number(&t, s + token_at, len - token_at);
+        if (k < 0) goto done;
         wr64(ip + 8 * i, v);
         wr32(tp + 4 * i, (uint32_t)k);
     }
-    res = PyTuple_Pack(3, idx, tid, tokens);
+    res = PyTuple_Pack(3, idx, tid, t.tokens);
 done:
     Py_XDECREF(idx);
     Py_XDECREF(tid);
-    Py_XDECREF(tokens);
-    Py_XDECREF(seen);
+    Py_XDECREF(t.tokens);
+    Py_XDECREF(t.seen);
+    return res;
+}
+
+static const char *list_receipt(void *ctx, Py_ssize_t i, Py_ssize_t *len) {
+    PyObject *r = PyList_GET_ITEM((PyObject *)ctx, i);
+    if (!PyUnicode_CheckExact(r)) return NULL;
+    const char *s = PyUnicode_AsUTF8AndSize(r, len);
+    if (!s) PyErr_Clear();  /* a lone surrogate: not UTF-8 */
+    return s;
+}
+
+/* parse_receipts(receipts) -> (indexes, token_ids, tokens)
+ * For each receipt of the list: its ready-queue index (u64) and the number of its token in
+ * `tokens` (the distinct tokens, u32); a receipt not in canonical form (receipt_canonical), or
+ * not a str, gets index 0 and token id 0xFFFFFFFF. */
+PyObject *parse_receipts(PyObject *self, PyObject *args) {
+    PyObject *list;
+    if (!PyArg_ParseTuple(args, "O!", &PyList_Type, &list)) return NULL;
+    return receipts_parsed(PyList_GET_SIZE(list), list_receipt, list);
+}
+
+/* A msgpack str in any of its forms at s[*at:n] whose payload is UTF-8: the payload's start,
+ * its length in *len, *at moved past it; -1 when there is none. */
+static int64_t mp_any_str(const uint8_t *s, size_t n, size_t *at, size_t *len) {
+    if (*at >= n) return -1;
+    uint8_t t = s[*at];
+    size_t hdr, l;
+    if ((t & 0xE0) == 0xA0) { hdr = 1; l = t & 0x1F; }
+    else if (t >= 0xd9 && t <= 0xdb) {
+        hdr = 1 + ((size_t)1 << (t - 0xd9));
+        if (n - *at < hdr) return -1;
+        l = 0;
+        for (size_t k = 1; k < hdr; k++) l = (l << 8) | s[*at + k];
+    } else return -1;
+    if (n - *at - hdr < l || !utf8_ok(s + *at + hdr, l)) return -1;
+    size_t start = *at + hdr;
+    *at = start + l;
+    *len = l;
+    return (int64_t)start;
+}
+
+/* A msgpack map (kind 0x80, 0xde, 0xdf) or array (0x90, 0xdc, 0xdd) header at s[*at:n]: its
+ * count, *at moved past it; -1 when there is none. */
+static int64_t mp_container(const uint8_t *s, size_t n, size_t *at, uint8_t fix, uint8_t c16) {
+    if (*at >= n) return -1;
+    uint8_t t = s[(*at)++];
+    if ((t & 0xF0) == fix) return t & 0x0F;
+    if (t != c16 && t != c16 + 1) return -1;
+    size_t k = t == c16 ? 2 : 4;
+    if (n - *at < k) return -1;
+    uint64_t v = 0;
+    for (size_t j = 0; j < k; j++) v = (v << 8) | s[*at + j];
+    *at += k;
+    return (int64_t)v;
+}
+
+typedef struct {
+    const uint8_t *s;
+    int64_t *start;  /* each receipt's payload */
+    size_t *len;
+} RawReceipts;
+
+static const char *raw_receipt(void *ctx, Py_ssize_t i, Py_ssize_t *len) {
+    RawReceipts *r = ctx;
+    *len = (Py_ssize_t)r->len[i];
+    return (const char *)r->s + r->start[i];
+}
+
+/* parse_receipts_raw(body, max_n) -> (indexes, token_ids, tokens) | None
+ * parse_receipts of an ack's msgpack body read in place: a map of one entry, the str "receipts",
+ * to an array of at most max_n str (any of their msgpack forms, UTF-8), and nothing after it. None
+ * for any other body (the caller decodes it and answers what is wrong with it). */
+PyObject *parse_receipts_raw(PyObject *self, PyObject *args) {
+    PyObject *body;
+    Py_ssize_t max_n;
+    if (!PyArg_ParseTuple(args, "On", &body, &max_n)) return NULL;
+    Buf b;
+    if (buf_get(body, &b, 0, "body") < 0) return NULL;
+    const uint8_t *s = b.view.buf;
+    size_t n = (size_t)b.view.len, at = 0, kl;
+    RawReceipts r = {.s = s, .start = NULL, .len = NULL};
+    PyObject *res = NULL;
+    int64_t ks, count;
+    if (mp_container(s, n, &at, 0x80, 0xde) != 1 || (ks = mp_any_str(s, n, &at, &kl)) < 0 || kl != 8
+        || memcmp(s + ks, "receipts", 8) != 0 || (count = mp_container(s, n, &at, 0x90, 0xdc)) < 0
+        || count > max_n || (size_t)count > n - at) {  /* each str takes a byte at least */
+        res = Py_NewRef(Py_None);
+        goto done;
+    }
+    r.start = PyMem_Malloc((size_t)(count ? count : 1) * sizeof(int64_t));
+    r.len = PyMem_Malloc((size_t)(count ? count : 1) * sizeof(size_t));
+    if (!r.start || !r.len) { PyErr_NoMemory(); goto done; }
+    for (int64_t i = 0; i < count; i++) {
+        if ((r.start[i] = mp_any_str(s, n, &at, &r.len[i])) < 0) { res = Py_NewRef(Py_None); goto done; }
+    }
+    res = at == n ? receipts_parsed((Py_ssize_t)count, raw_receipt, &r) : Py_NewRef(Py_None);
+done:
+    PyMem_Free(r.start);
+    PyMem_Free(r.len);
+    buf_release(&b);
     return res;
 }
 

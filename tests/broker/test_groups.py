@@ -8,6 +8,7 @@ import itertools
 
 import pytest
 from delayd.broker.groups import Delivery, Group, Groups, backoff_ms
+from delayd.storage import batch
 from delayd.storage.recovery import open_store
 from delayd.storage.store import NewMessage, StoreConfig
 from hypothesis import HealthCheck, given, settings
@@ -131,7 +132,7 @@ def test_oldest_unacked_due_time(env):
     assert groups.oldest_unacked_due_ms(g) is None
 
 
-# -- the ack of a whole take (Groups._ack_take) against the ack receipt by receipt ----------------
+# -- the ack of a whole take (Groups.ack_whole) against the ack receipt by receipt ----------------
 
 @pytest.fixture
 def env40(tmp_path):
@@ -184,11 +185,15 @@ def test_ack_of_a_whole_take_takes_the_fast_path(env40) -> None:
     g = groups.get_or_create("t", "g")
     first = [rc(d) for d in groups.take(g, 10, lease_ms=1000, tags=None)]
     second = [rc(d) for d in groups.take(g, 10, lease_ms=1000, tags=None)]
-    assert groups._ack_take(g, first[:1] + second[:1], now[0]) is None, "two leases: receipt by receipt"
-    assert groups._ack_take(g, first + first[:1], now[0]) is None, "a repeat: the second is stale"
-    assert groups._ack_take(g, list(reversed(second)), now[0]) == 10
+    def whole(receipts: list[str]) -> int | None:
+        return groups.ack_whole(g, batch.ops.parse_receipts(receipts), now[0])
+
+    assert whole(first[:1] + second[:1]) is None, "two leases: receipt by receipt"
+    assert whole(first + first[:1]) is None, "a repeat: the second is stale"
+    assert whole([]) is None
+    assert whole(list(reversed(second))) == 10
     assert g.floor == 0 and sorted(g.done) == list(range(10, 20))
-    assert groups._ack_take(g, first, now[0]) == 10
+    assert whole(first) == 10
     assert g.floor == 20 and not g.done and not g.leases
     assert [ev["idx"] for _t, _g, ev in events if ev["op"] == "ack"] == [list(range(19, 9, -1)), list(range(10))]
 

@@ -14,7 +14,9 @@ import json
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
+import msgpack
 import pytest
 
 from tests.integration.wire import JSON, MSGPACK, Api, assert_error, daemon_log_clean, now_ms, ok
@@ -181,6 +183,33 @@ def test_ack_prevents_redelivery_and_a_second_ack_is_stale(api: Api, topic: str)
     assert (again["id"], again["attempt"]) == (drop["id"], 2)
     assert api.ack(topic, "g", [again["receipt"]])["acked"] == 1
     assert api.pull(topic, "g", wait_ms=1300) == [], "an acked message came back"
+
+
+
+def test_msgpack_acks_of_one_pull_and_of_every_other_kind(api: Api, topic: str) -> None:
+    """A msgpack ack of what one pull gave is read by the batch core in place (Broker.ack_raw);
+    any other msgpack ack (two pulls' receipts, a repeat, acked ones, other shapes, too many
+    receipts) answers what the decoded body answers."""
+    api.produce(topic, *({"body": str(i)} for i in range(6)))
+    api.pull_until(topic, "probe", 6)  # all six are ready: each pull of `g` below is one lease
+    first, second = (receipts(api.pull(topic, "g", fmt=MSGPACK, max=3, lease_ms=60_000)) for _ in range(2))
+    assert len(first) == len(second) == 3
+    path = f"/v1/topics/{topic}/subscriptions/g/ack"
+
+    def ack(body: Any) -> Any:
+        return api.call("POST", path, body, fmt=MSGPACK)
+
+    assert ok(ack({"receipts": first[:1] + second[:1]})) == {"acked": 2, "stale": []}, "two pulls' receipts"
+    assert ok(ack({"receipts": first[1:] + first[1:2]})) == {"acked": 2, "stale": [first[1]]}, "a repeat"
+    assert ok(ack({"receipts": second[:0:-1]})) == {"acked": 2, "stale": []}, "one pull's, in any order"
+    assert ok(ack({"receipts": second[1:]})) == {"acked": 0, "stale": second[1:]}, "acked already"
+    assert ok(ack({"receipts": []})) == {"acked": 0, "stale": []}
+    for bad in ({"receipts": second, "x": 1}, {"receipts": [1]}, {"ids": second}, {"receipts": ["a"] * 10_001},
+                [second], {"receipts": [s.encode() for s in second]}):
+        assert_error(ack(bad), 400)
+    tail = msgpack.packb({"receipts": first}) + b"\x00"
+    assert_error(api.call("POST", path, raw=tail, content_type=MSGPACK), 400)
+    assert api.pull(topic, "g", wait_ms=0) == [], "every message was acked"
 
 
 def test_nack_with_delay_redelivers_after_the_delay_not_before(api: Api, topic: str) -> None:

@@ -651,6 +651,65 @@ def test_parse_receipts(receipts: list[Any]) -> None:
                                                       tokens[struct.unpack_from("<I", tid, 4 * i)[0]])
 
 
+
+def _mp_str(text: str, form: int) -> bytes:
+    """A msgpack str (lone surrogates as their bytes: not UTF-8) in one of its forms: 0 the
+    shortest, as packb writes it; 1, 2, 3: str8, str16, str32 (str16 when str8 cannot hold it)."""
+    b = text.encode("utf-8", "surrogatepass")
+    if form == 0:
+        form = 1 if len(b) > 31 else -1
+    if form == 1 and len(b) > 255:
+        form = 2
+    return (bytes([0xa0 | len(b)]) if form < 0 else bytes([0xd8 + form]) + len(b).to_bytes(1 << (form - 1), "big")) + b
+
+
+def _ack_body(receipts: list[str], map_form: int, array_form: int, key: str, str_forms: list[int]) -> bytes:
+    head = [b"\x81", b"\xde\x00\x01", b"\xdf\x00\x00\x00\x01"][map_form]
+    n = len(receipts)
+    arr = [bytes([0x90 | n]) if n < 16 else b"\xdc" + n.to_bytes(2, "big"), b"\xdc" + n.to_bytes(2, "big"),
+           b"\xdd" + n.to_bytes(4, "big")][array_form]
+    return head + _mp_str(key, 0) + arr + b"".join(_mp_str(r, str_forms[i % len(str_forms)]) for i, r in enumerate(receipts))
+
+
+@SETTINGS
+@given(st.lists(st.one_of(receipt.filter(lambda r: isinstance(r, str)), st.just("d-5.1f.tok")), max_size=20),
+       st.integers(0, 2), st.integers(0, 2), st.sampled_from(["receipts", "receipts", "receipt", "ids", "receiptsx"]),
+       st.lists(st.integers(0, 3), min_size=1, max_size=3), st.integers(-1, 25),
+       st.sampled_from(["none", "none", "cut", "flip", "tail", "second entry", "bin", "int"]), st.data())
+def test_parse_receipts_raw(receipts: list[str], map_form: int, array_form: int, key: str, str_forms: list[int],
+                            max_n: int, damage: str, data: st.DataObject) -> None:
+    """An ack body read in place gives what parse_receipts gives for the receipts msgpack decodes
+    from it, in any of msgpack's forms; any other body (damaged, another shape, over max_n) None."""
+    body = _ack_body(receipts, map_form, array_form, key, str_forms)
+    if damage == "cut":
+        body = body[:data.draw(st.integers(0, max(0, len(body) - 1)))]
+    elif damage == "flip" and body:
+        at = data.draw(st.integers(0, len(body) - 1))
+        body = body[:at] + bytes([body[at] ^ data.draw(st.integers(1, 255))]) + body[at + 1:]
+    elif damage == "tail":
+        body += data.draw(st.binary(min_size=1, max_size=3))
+    elif damage == "second entry":
+        body = b"\x82" + body[1:] + msgpack.packb("x") + msgpack.packb(1)
+    elif damage == "bin":
+        body = msgpack.packb({key: [r.encode("utf-8", "surrogatepass") for r in receipts]}, use_bin_type=True)
+    elif damage == "int":
+        body = msgpack.packb({key: [*(r for r in receipts if "\ud800" not in r), 7]})
+    got = same(c.parse_receipts_raw, ref.parse_receipts_raw, bytearray(body), max_n)
+    try:
+        decoded = msgpack.unpackb(body, raw=False)
+    except Exception:  # noqa: BLE001 - not msgpack: nothing to read in place
+        decoded = None
+    fits = (type(decoded) is dict and list(decoded) == ["receipts"] and type(decoded["receipts"]) is list
+            and all(type(r) is str for r in decoded["receipts"]) and len(decoded["receipts"]) <= max_n
+            and body[0] in (0x81, 0xde, 0xdf))
+    if fits:
+        assert got == c.parse_receipts(decoded["receipts"])
+    elif damage == "none" and key == "receipts" and "\ud800" not in "".join(receipts) and max_n >= len(receipts):
+        raise AssertionError("a well-formed body was not read")
+    else:
+        assert got is None
+
+
 @SETTINGS
 @given(due_rows, st.integers(-2**40, 2**40), st.sampled_from([(ref.DROW, 0), (40, 16), (8, 0), (7, 0)]),
        st.lists(st.integers(-50, 50), max_size=6))
