@@ -153,6 +153,25 @@ def test_enospc_on_ack_answers_507_and_keeps_at_least_once(faulty):
     assert api.pull("acks", "g", wait_ms=300) == []
 
 
+
+def test_a_msgpack_ack_of_one_pull_answers_once_it_is_durable(faulty):
+    """The ack the batch core reads in place (one pull's receipts, msgpack: Broker.ack_raw) waits
+    for the fsync of its record like every ack: a failed fsync answers 507, not 200."""
+    d, fault = faulty
+    api = Api(d)
+    api.produce("acks", *({"body": str(i)} for i in range(5)))
+    api.pull_until("acks", "probe", 5)  # all five are ready: the pull below is one lease
+    got = api.pull("acks", "g", fmt=MSGPACK, max=5, lease_ms=60_000)
+    assert len(got) == 5
+    fault.write_text("fsync-eio")
+    r = call(d, "POST", "/v1/topics/acks/subscriptions/g/ack", {"receipts": [m["receipt"] for m in got]}, fmt=MSGPACK)
+    assert r.status == 507 and r.body["error"]["code"] == "disk_full", (r.status, r.raw)
+    fault.write_text("")
+    r = call(d, "POST", "/v1/topics/acks/subscriptions/g/ack", {"receipts": [m["receipt"] for m in got]}, fmt=MSGPACK)
+    assert r.status == 200 and r.body["acked"] + len(r.body["stale"]) == 5, (r.status, r.raw)
+    assert api.pull("acks", "g", wait_ms=300) == []
+
+
 def test_fsync_failure_answers_507_then_recovers(faulty):
     d, fault = faulty
     api = Api(d)
