@@ -167,9 +167,107 @@ typedef struct {
 BATCH_HIDDEN Read *find_read(Read *reads, Py_ssize_t nreads, int64_t off, uint32_t size);
 
 /* ------------------------------------------------------------------------------------------ */
-/* UTF-8 (batch_util.c) and msgpack writing                                                    */
+/* UTF-8 (batch_util.c), msgpack reading and writing                                           */
 
 BATCH_HIDDEN int utf8_ok(const uint8_t *s, size_t n);
+
+/* The reader stays inline: produce reads every field of every message with it. */
+
+/* A msgpack reader over one buffer: every read is bounds-checked; a value it does not take is
+ * "not decided" (0), never guessed at. */
+typedef struct {
+    const uint8_t *p, *end;
+} Mp;
+
+enum { MK_NIL, MK_FALSE, MK_TRUE, MK_INT, MK_UINT, MK_STR, MK_BIN, MK_MAP, MK_OTHER };
+
+typedef struct {
+    int kind;
+    int64_t i;          /* MK_INT (negative, or any signed encoding) */
+    uint64_t u;         /* MK_UINT */
+    const uint8_t *s;   /* MK_STR, MK_BIN: the payload */
+    uint64_t n;         /* MK_STR, MK_BIN: payload length; MK_MAP: entries */
+} MpVal;
+
+static inline int mp_need(const Mp *m, size_t k) { return (size_t)(m->end - m->p) >= k; }
+
+static inline uint64_t be(const uint8_t *p, int k) {
+    uint64_t v = 0;
+    for (int i = 0; i < k; i++) v = (v << 8) | p[i];
+    return v;
+}
+
+/* One value's header (and a str/bin's payload): 1 read, 0 truncated or a form taken by no one. */
+static inline int mp_read(Mp *m, MpVal *v) {
+    if (!mp_need(m, 1)) return 0;
+    uint8_t t = *m->p++;
+    int k = 0;
+    v->s = NULL;
+    v->n = 0;
+    if (t <= 0x7f) { v->kind = MK_UINT; v->u = t; return 1; }
+    if (t >= 0xe0) { v->kind = MK_INT; v->i = (int8_t)t; return 1; }
+    if ((t & 0xf0) == 0x80) { v->kind = MK_MAP; v->n = t & 0x0f; return 1; }
+    if ((t & 0xe0) == 0xa0) { v->kind = MK_STR; v->n = t & 0x1f; goto payload; }
+    switch (t) {
+    case 0xc0: v->kind = MK_NIL; return 1;
+    case 0xc2: v->kind = MK_FALSE; return 1;
+    case 0xc3: v->kind = MK_TRUE; return 1;
+    case 0xc4: case 0xc5: case 0xc6:
+        k = 1 << (t - 0xc4);
+        if (!mp_need(m, (size_t)k)) return 0;
+        v->kind = MK_BIN; v->n = be(m->p, k); m->p += k;
+        goto payload;
+    case 0xd9: case 0xda: case 0xdb:
+        k = 1 << (t - 0xd9);
+        if (!mp_need(m, (size_t)k)) return 0;
+        v->kind = MK_STR; v->n = be(m->p, k); m->p += k;
+        goto payload;
+    case 0xcc: case 0xcd: case 0xce: case 0xcf:
+        k = 1 << (t - 0xcc);
+        if (!mp_need(m, (size_t)k)) return 0;
+        v->kind = MK_UINT; v->u = be(m->p, k); m->p += k;
+        return 1;
+    case 0xd0: case 0xd1: case 0xd2: case 0xd3: {
+        k = 1 << (t - 0xd0);
+        if (!mp_need(m, (size_t)k)) return 0;
+        uint64_t raw = be(m->p, k);
+        m->p += k;
+        int shift = 64 - 8 * k;
+        v->kind = MK_INT;
+        v->i = shift ? (int64_t)(raw << shift) >> shift : (int64_t)raw;
+        return 1;
+    }
+    case 0xde: case 0xdf:
+        k = t == 0xde ? 2 : 4;
+        if (!mp_need(m, (size_t)k)) return 0;
+        v->kind = MK_MAP; v->n = be(m->p, k); m->p += k;
+        return 1;
+    default:
+        v->kind = MK_OTHER;  /* arrays, floats, ext, 0xc1: nothing a decided message holds */
+        return 1;
+    }
+payload:
+    if (!mp_need(m, v->n)) return 0;
+    v->s = m->p;
+    m->p += v->n;
+    return v->kind != MK_STR || utf8_ok(v->s, v->n);
+}
+
+/* A request body's envelope, {name: [...]}: a map of exactly one entry, the str `name`, and an
+ * array's header: 1 with the array's count in *n and m at its first item; 0 for anything else. */
+static inline int mp_envelope(Mp *m, const char *name, uint64_t *n) {
+    MpVal v;
+    size_t nl = strlen(name);
+    if (!mp_read(m, &v) || v.kind != MK_MAP || v.n != 1 || !mp_read(m, &v) || v.kind != MK_STR || v.n != nl ||
+        memcmp(v.s, name, nl) != 0 || !mp_need(m, 1))
+        return 0;
+    uint8_t t = *m->p++;
+    if ((t & 0xf0) == 0x90) *n = t & 0x0f;
+    else if (t == 0xdc && mp_need(m, 2)) { *n = be(m->p, 2); m->p += 2; }
+    else if (t == 0xdd && mp_need(m, 4)) { *n = be(m->p, 4); m->p += 4; }
+    else return 0;
+    return 1;
+}
 
 /* The msgpack writers below stay inline: produce's and pull's answers call them per field. */
 

@@ -5,89 +5,6 @@
  */
 #include "batch_core.h"
 
-/* ------------------------------------------------------------------------------------------ */
-/* msgpack, read                                                                               */
-
-/* A msgpack reader over one buffer: every read is bounds-checked; a value it does not take is
- * "not decided" (0), never guessed at. */
-typedef struct {
-    const uint8_t *p, *end;
-} Mp;
-
-enum { MK_NIL, MK_FALSE, MK_TRUE, MK_INT, MK_UINT, MK_STR, MK_BIN, MK_MAP, MK_OTHER };
-
-typedef struct {
-    int kind;
-    int64_t i;          /* MK_INT (negative, or any signed encoding) */
-    uint64_t u;         /* MK_UINT */
-    const uint8_t *s;   /* MK_STR, MK_BIN: the payload */
-    uint64_t n;         /* MK_STR, MK_BIN: payload length; MK_MAP: entries */
-} MpVal;
-
-static inline int mp_need(const Mp *m, size_t k) { return (size_t)(m->end - m->p) >= k; }
-
-static uint64_t be(const uint8_t *p, int k) {
-    uint64_t v = 0;
-    for (int i = 0; i < k; i++) v = (v << 8) | p[i];
-    return v;
-}
-
-/* One value's header (and a str/bin's payload): 1 read, 0 truncated or a form taken by no one. */
-static int mp_read(Mp *m, MpVal *v) {
-    if (!mp_need(m, 1)) return 0;
-    uint8_t t = *m->p++;
-    int k = 0;
-    v->s = NULL;
-    v->n = 0;
-    if (t <= 0x7f) { v->kind = MK_UINT; v->u = t; return 1; }
-    if (t >= 0xe0) { v->kind = MK_INT; v->i = (int8_t)t; return 1; }
-    if ((t & 0xf0) == 0x80) { v->kind = MK_MAP; v->n = t & 0x0f; return 1; }
-    if ((t & 0xe0) == 0xa0) { v->kind = MK_STR; v->n = t & 0x1f; goto payload; }
-    switch (t) {
-    case 0xc0: v->kind = MK_NIL; return 1;
-    case 0xc2: v->kind = MK_FALSE; return 1;
-    case 0xc3: v->kind = MK_TRUE; return 1;
-    case 0xc4: case 0xc5: case 0xc6:
-        k = 1 << (t - 0xc4);
-        if (!mp_need(m, (size_t)k)) return 0;
-        v->kind = MK_BIN; v->n = be(m->p, k); m->p += k;
-        goto payload;
-    case 0xd9: case 0xda: case 0xdb:
-        k = 1 << (t - 0xd9);
-        if (!mp_need(m, (size_t)k)) return 0;
-        v->kind = MK_STR; v->n = be(m->p, k); m->p += k;
-        goto payload;
-    case 0xcc: case 0xcd: case 0xce: case 0xcf:
-        k = 1 << (t - 0xcc);
-        if (!mp_need(m, (size_t)k)) return 0;
-        v->kind = MK_UINT; v->u = be(m->p, k); m->p += k;
-        return 1;
-    case 0xd0: case 0xd1: case 0xd2: case 0xd3: {
-        k = 1 << (t - 0xd0);
-        if (!mp_need(m, (size_t)k)) return 0;
-        uint64_t raw = be(m->p, k);
-        m->p += k;
-        int shift = 64 - 8 * k;
-        v->kind = MK_INT;
-        v->i = shift ? (int64_t)(raw << shift) >> shift : (int64_t)raw;
-        return 1;
-    }
-    case 0xde: case 0xdf:
-        k = t == 0xde ? 2 : 4;
-        if (!mp_need(m, (size_t)k)) return 0;
-        v->kind = MK_MAP; v->n = be(m->p, k); m->p += k;
-        return 1;
-    default:
-        v->kind = MK_OTHER;  /* arrays, floats, ext, 0xc1: nothing a decided message holds */
-        return 1;
-    }
-payload:
-    if (!mp_need(m, v->n)) return 0;
-    v->s = m->p;
-    m->p += v->n;
-    return v->kind != MK_STR || utf8_ok(v->s, v->n);
-}
-
 /* An integer value as i64: 1, or 0 when it is not an integer or out of i64's range. */
 static int mp_i64(const MpVal *v, int64_t *out) {
     if (v->kind == MK_INT) { *out = v->i; return 1; }
@@ -524,18 +441,10 @@ PyObject *encode_produce_raw(PyObject *self, PyObject *args) {
     Item *its = NULL;
     PyObject *result = NULL;
     Mp m = {raw.view.buf, (const uint8_t *)raw.view.buf + raw.view.len};
-    MpVal v;
     int64_t elements = 0;
-    /* {"messages": [ ... ]}: one field, exactly that name, an array of 1..max_batch */
-    if (!mp_read(&m, &v) || v.kind != MK_MAP || v.n != 1 || !mp_read(&m, &v) || v.kind != MK_STR || v.n != 8 ||
-        memcmp(v.s, "messages", 8) != 0 || !mp_need(&m, 1))
-        goto undecided;
-    uint8_t t = *m.p++;
+    /* {"messages": [ ... ]}: an array of 1..max_batch */
     uint64_t n;
-    if ((t & 0xf0) == 0x90) n = t & 0x0f;
-    else if (t == 0xdc && mp_need(&m, 2)) { n = be(m.p, 2); m.p += 2; }
-    else if (t == 0xdd && mp_need(&m, 4)) { n = be(m.p, 4); m.p += 4; }
-    else goto undecided;
+    if (!mp_envelope(&m, "messages", &n)) goto undecided;
     if (n < 1 || (long long)n > max_batch || n > (uint64_t)raw.view.len) goto undecided;
     elements = 2 + (int64_t)n;
     its = PyMem_Calloc((size_t)n, sizeof(Item));

@@ -392,41 +392,6 @@ PyObject *parse_receipts(PyObject *self, PyObject *args) {
     return receipts_parsed(PyList_GET_SIZE(list), list_receipt, list);
 }
 
-/* A msgpack str in any of its forms at s[*at:n] whose payload is UTF-8: the payload's start,
- * its length in *len, *at moved past it; -1 when there is none. */
-static int64_t mp_any_str(const uint8_t *s, size_t n, size_t *at, size_t *len) {
-    if (*at >= n) return -1;
-    uint8_t t = s[*at];
-    size_t hdr, l;
-    if ((t & 0xE0) == 0xA0) { hdr = 1; l = t & 0x1F; }
-    else if (t >= 0xd9 && t <= 0xdb) {
-        hdr = 1 + ((size_t)1 << (t - 0xd9));
-        if (n - *at < hdr) return -1;
-        l = 0;
-        for (size_t k = 1; k < hdr; k++) l = (l << 8) | s[*at + k];
-    } else return -1;
-    if (n - *at - hdr < l || !utf8_ok(s + *at + hdr, l)) return -1;
-    size_t start = *at + hdr;
-    *at = start + l;
-    *len = l;
-    return (int64_t)start;
-}
-
-/* A msgpack map (kind 0x80, 0xde, 0xdf) or array (0x90, 0xdc, 0xdd) header at s[*at:n]: its
- * count, *at moved past it; -1 when there is none. */
-static int64_t mp_container(const uint8_t *s, size_t n, size_t *at, uint8_t fix, uint8_t c16) {
-    if (*at >= n) return -1;
-    uint8_t t = s[(*at)++];
-    if ((t & 0xF0) == fix) return t & 0x0F;
-    if (t != c16 && t != c16 + 1) return -1;
-    size_t k = t == c16 ? 2 : 4;
-    if (n - *at < k) return -1;
-    uint64_t v = 0;
-    for (size_t j = 0; j < k; j++) v = (v << 8) | s[*at + j];
-    *at += k;
-    return (int64_t)v;
-}
-
 typedef struct {
     const uint8_t *s;
     int64_t *start;  /* each receipt's payload */
@@ -449,24 +414,25 @@ PyObject *parse_receipts_raw(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "On", &body, &max_n)) return NULL;
     Buf b;
     if (buf_get(body, &b, 0, "body") < 0) return NULL;
-    const uint8_t *s = b.view.buf;
-    size_t n = (size_t)b.view.len, at = 0, kl;
-    RawReceipts r = {.s = s, .start = NULL, .len = NULL};
+    Mp m = {b.view.buf, (const uint8_t *)b.view.buf + b.view.len};
+    RawReceipts r = {.s = b.view.buf, .start = NULL, .len = NULL};
     PyObject *res = NULL;
-    int64_t ks, count;
-    if (mp_container(s, n, &at, 0x80, 0xde) != 1 || (ks = mp_any_str(s, n, &at, &kl)) < 0 || kl != 8
-        || memcmp(s + ks, "receipts", 8) != 0 || (count = mp_container(s, n, &at, 0x90, 0xdc)) < 0
-        || count > max_n || (size_t)count > n - at) {  /* each str takes a byte at least */
+    uint64_t count;
+    /* each str takes a byte at least */
+    if (!mp_envelope(&m, "receipts", &count) || max_n < 0 || count > (uint64_t)max_n || count > (uint64_t)(m.end - m.p)) {
         res = Py_NewRef(Py_None);
         goto done;
     }
     r.start = PyMem_Malloc((size_t)(count ? count : 1) * sizeof(int64_t));
     r.len = PyMem_Malloc((size_t)(count ? count : 1) * sizeof(size_t));
     if (!r.start || !r.len) { PyErr_NoMemory(); goto done; }
-    for (int64_t i = 0; i < count; i++) {
-        if ((r.start[i] = mp_any_str(s, n, &at, &r.len[i])) < 0) { res = Py_NewRef(Py_None); goto done; }
+    for (uint64_t i = 0; i < count; i++) {
+        MpVal v;  /* a str's payload is checked as UTF-8 by mp_read */
+        if (!mp_read(&m, &v) || v.kind != MK_STR) { res = Py_NewRef(Py_None); goto done; }
+        r.start[i] = v.s - r.s;
+        r.len[i] = (size_t)v.n;
     }
-    res = at == n ? receipts_parsed((Py_ssize_t)count, raw_receipt, &r) : Py_NewRef(Py_None);
+    res = m.p == m.end ? receipts_parsed((Py_ssize_t)count, raw_receipt, &r) : Py_NewRef(Py_None);
 done:
     PyMem_Free(r.start);
     PyMem_Free(r.len);

@@ -710,6 +710,20 @@ def test_parse_receipts_raw(receipts: list[str], map_form: int, array_form: int,
         assert got is None
 
 
+
+def test_parse_receipts_raw_reads_the_whole_body_or_nothing() -> None:
+    """The cases the drawn bodies above reach only by chance, every time: a body is read only
+    when it ends where the array's last str ends, and only up to max_n receipts."""
+    body = msgpack.packb({"receipts": ["d-1.1f.tok", "d-2.20.tok"]})
+    read = c.parse_receipts(["d-1.1f.tok", "d-2.20.tok"])
+    for f in (c.parse_receipts_raw, ref.parse_receipts_raw):
+        assert f(body, 2) == read
+        assert f(body + b"\x00", 2) is None, "a byte after the array"
+        assert f(body[:-1], 2) is None, "the last str cut short"
+        assert f(body, 1) is None, "more receipts than max_n"
+        assert f(b"\x81\xa8receipts\x90", 0) == (b"", b"", [])
+
+
 @SETTINGS
 @given(due_rows, st.integers(-2**40, 2**40), st.sampled_from([(ref.DROW, 0), (40, 16), (8, 0), (7, 0)]),
        st.lists(st.integers(-50, 50), max_size=6))
