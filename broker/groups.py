@@ -483,7 +483,7 @@ class Groups:
             self.log_event(g.topic, g.name, {"op": "ack", "idx": acked})
         return len(acked), stale
 
-    def ack_whole(self, g: Group, parsed: tuple[bytes, bytes, list[str]], now: int | None = None) -> int | None:
+    def ack_whole(self, g: Group, parsed: tuple[bytes, bytes, list[str]], now: int) -> int | None:
         """`ack` of receipts that all hold one live lease, each index once (a consumer acking what
         one pull gave it: the common case), without a step per receipt in Python, from what the
         batch core's `parse_receipts` (or `parse_receipts_raw`) made of them; None when they do
@@ -491,8 +491,6 @@ class Groups:
         indexes, token_ids, tokens = parsed
         if len(tokens) != 1 or not indexes:
             return None
-        if now is None:
-            now = self.now_ms()
         idx = array("Q", indexes)
         if array("I", token_ids).count(0) != len(idx):  # a receipt batch_core left to parse_receipt
             return None

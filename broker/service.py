@@ -616,7 +616,7 @@ class Broker:
             return None
         g = self.group(topic, name)
         assert self.groups is not None
-        n = self.groups.ack_whole(g, parsed)
+        n = self.groups.ack_whole(g, parsed, self.groups.now_ms())
         if n:
             await self._durable()  # an acked message must not come back after a crash
         return n
