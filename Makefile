@@ -64,6 +64,7 @@ bench: install-dev
 	$(PY) -m bench.storage_bench
 	$(PY) -m bench.dueheap_bench
 	$(PY) -m bench.keyindex_bench
+	$(PY) -m bench.consumer_bench
 	$(PY) -m bench.list_bench -n 10000000
 	$(PY) -m bench.daemon_vs_redis
 	$(PY) -m bench.spark_bench

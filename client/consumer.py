@@ -4,6 +4,10 @@
   slots, so nothing sits leased in a local queue.
 * Handler returns -> ack. Handler raises -> nack with `retry_delay_ms(attempt)` (default: the
   broker's exponential backoff); after the subscription's `max_attempts` the broker dead-letters it.
+* Acks go together: the first is sent at once; those of handlers that finish while it is on its
+  way go in the next request, up to `ack_batch_max` receipts (SQS's DeleteMessageBatch, with no
+  wait added); a whole batch goes at once, beside the one on its way. A handler's slot is free
+  again once the broker has answered its ack.
 * A handler still busy when half its lease is gone gets the lease extended by `lease_ms`.
 * `max_messages` stops after that many deliveries; `idle_timeout_s` stops once nothing has arrived
   (and nothing is running) for that long.
@@ -36,6 +40,7 @@ Handler = Callable[[ReceivedMessage], Any] | Callable[[ReceivedMessage], Awaitab
 RetryDelay = int | Callable[[int], int | None] | None
 
 ERROR_PAUSE_S = (0.1, 5.0)  # pause after a failed pull, doubled per consecutive failure up to the cap
+ACK_BATCH_MAX = 1_000  # receipts an ack request carries at most by default (the broker takes 10,000)
 
 
 @dataclass
@@ -59,9 +64,11 @@ class AsyncConsumer:
                  lease_ms: int = 30_000, wait_ms: int = 1_000, tags: Iterable[str] | None = None,
                  retry_delay_ms: RetryDelay = None, max_messages: int | None = None,
                  idle_timeout_s: float | None = None, drain_timeout_s: float = 30.0,
-                 fields: Iterable[str] | None = None) -> None:
+                 fields: Iterable[str] | None = None, ack_batch_max: int = ACK_BATCH_MAX) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
+        if not 1 <= ack_batch_max <= 10_000:
+            raise ValueError("ack_batch_max must be within 1..10000 (the broker's receipts per request)")
         if lease_ms < 1_000:
             raise ValueError("lease_ms must be >= 1000 (the broker's minimum)")
         self.client = client
@@ -78,6 +85,7 @@ class AsyncConsumer:
         self.max_messages = max_messages
         self.idle_timeout_s = idle_timeout_s
         self.drain_timeout_s = drain_timeout_s
+        self.ack_batch_max = ack_batch_max
         self.stats = ConsumerStats()
         self._is_async = inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
             getattr(handler, "__call__", None))  # noqa: B004 - an object with an async __call__
@@ -88,6 +96,9 @@ class AsyncConsumer:
         self._active: set[asyncio.Task[None]] = set()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._task: asyncio.Task[ConsumerStats] | None = None
+        # Acks waiting for a request (`_ack`), and the tasks sending them.
+        self._acks: list[tuple[ReceivedMessage, asyncio.Future[None]]] = []
+        self._ackers: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------ control
 
@@ -145,6 +156,10 @@ class AsyncConsumer:
             await self._pull_loop()
         finally:
             drained = await self._drain()
+            if self._ackers:  # acks of handlers the drain cancelled
+                await asyncio.wait(set(self._ackers), timeout=self.drain_timeout_s)
+                for task in self._ackers:
+                    task.cancel()
             extender.cancel()
             await asyncio.gather(extender, return_exceptions=True)
             if self._executor is not None:
@@ -252,16 +267,54 @@ class AsyncConsumer:
         return self.retry_delay_ms(attempt)
 
     async def _settle(self, action: str, m: ReceivedMessage, delay_ms: int | None) -> None:
+        if action == "ack":
+            await self._ack(m)
+            return
         try:
-            if action == "ack":
-                stale = (await self.client.ack(self.topic, self.group, m)).stale
-            else:
-                stale = (await self.client.nack(self.topic, self.group, m, delay_ms=delay_ms)).stale
+            stale = (await self.client.nack(self.topic, self.group, m, delay_ms=delay_ms)).stale
         except DelaydError as e:
-            log.warning("%s of %s failed (%s); the message returns when its lease ends", action, m.id, e)
+            log.warning("nack of %s failed (%s); the message returns when its lease ends", m.id, e)
             return
         if stale:
-            log.warning("%s of %s was stale: its lease had expired, so it may be delivered again", action, m.id)
+            log.warning("nack of %s was stale: its lease had expired, so it may be delivered again", m.id)
+
+    async def _ack(self, m: ReceivedMessage) -> None:
+        """Ack `m` with whatever other acks are waiting; returns once the broker has answered (a
+        failure or a stale receipt is logged, as for a nack)."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._acks.append((m, done))
+        if not self._ackers or len(self._acks) >= self.ack_batch_max:  # a whole batch need not wait
+            task = asyncio.ensure_future(self._send_acks())
+            self._ackers.add(task)
+            task.add_done_callback(self._ackers.discard)
+        await done
+
+    async def _send_acks(self) -> None:
+        """Send the waiting acks, `ack_batch_max` at a time, until none wait. A handler cancelled
+        while it waits (the drain timeout) still has its ack sent: its work is done."""
+        while self._acks:
+            batch, self._acks = self._acks[:self.ack_batch_max], self._acks[self.ack_batch_max:]
+            try:
+                stale = set((await self.client.ack(self.topic, self.group, [m for m, _ in batch])).stale)
+            except DelaydError as e:
+                log.warning("ack of %d message(s) (%s, ...) failed (%s); they return when their leases end",
+                            len(batch), batch[0][0].id, e)
+                stale = set()
+            except asyncio.CancelledError:
+                for _, done in batch + self._acks:
+                    done.cancel()
+                self._acks = []
+                raise
+            except Exception as e:  # not an answer of the broker's: each waiting handler raises it
+                for _, done in batch:
+                    if not done.done():
+                        done.set_exception(e)
+                continue
+            for m, done in batch:
+                if m.receipt in stale:
+                    log.warning("ack of %s was stale: its lease had expired, so it may be delivered again", m.id)
+                if not done.done():
+                    done.set_result(None)
 
     async def _extend_leases(self) -> None:
         """Renew leases of slow handlers before half of the lease is gone."""

@@ -8,7 +8,7 @@ import threading
 import pytest
 from delayd.client import AsyncClient, AsyncConsumer, Client, Consumer, ReceivedMessage
 
-from tests.client.fakebroker import FakeBroker
+from tests.client.fakebroker import FakeBroker, Reply, Seen
 from tests.client.helpers import until
 
 
@@ -74,6 +74,85 @@ async def test_concurrency_is_bounded(fake: FakeBroker) -> None:
         consumer.stop()
         stats = await consumer.join()
     assert peak == 4 and stats.received == 10 and pulls >= 1
+
+
+def _ack_sizes(fake: FakeBroker) -> list[int]:
+    return [len(r.body["receipts"]) for r in fake.requests if r.path.endswith("/ack")]
+
+
+async def test_acks_that_come_while_one_is_on_its_way_go_together(fake: FakeBroker) -> None:
+    """The first ack goes alone, at once; the nine that finish while it is held by the broker go in
+    one request after it (one request a message without the coalescing)."""
+    finish = {str(i): asyncio.Event() for i in range(10)}
+    held = threading.Event()
+
+    async def handler(m: ReceivedMessage) -> None:
+        await finish[m.text].wait()
+
+    def hold_the_first_ack(seen: Seen) -> Reply:
+        assert seen.path.endswith("/ack"), seen.path
+        return Reply(200, {"acked": len(seen.body["receipts"]), "stale": []}, hold=held)
+
+    async with AsyncClient(fake.url) as c:
+        await c.send_batch("t", [{"body": str(i)} for i in range(10)])
+        consumer = AsyncConsumer(c, "t", "g", handler, concurrency=10, wait_ms=100)
+        consumer.start()
+        await until(lambda: consumer.stats.received == 10 and len(consumer._active) == 10, what="10 running")
+        fake.script.append(hold_the_first_ack)
+        finish["0"].set()
+        await until(lambda: _ack_sizes(fake) == [1], what="the first ack on its way")
+        for e in finish.values():
+            e.set()
+        await until(lambda: consumer.stats.succeeded == 10, what="all handled")
+        await asyncio.sleep(0.05)  # room for acks that should not come on their own
+        assert _ack_sizes(fake) == [1], "nothing more goes out while the first is held"
+        held.set()
+        await until(lambda: len(fake.groups[("t", "g")].acked) == 9, what="the other nine acked")
+        consumer.stop()
+        await consumer.join()
+    assert _ack_sizes(fake) == [1, 9]
+
+
+async def test_ack_batch_max_bounds_each_ack(fake: FakeBroker) -> None:
+    go = asyncio.Event()
+
+    async def handler(m: ReceivedMessage) -> None:
+        await go.wait()
+
+    async with AsyncClient(fake.url) as c:
+        await c.send_batch("t", [{"body": str(i)} for i in range(50)])
+        consumer = AsyncConsumer(c, "t", "g", handler, concurrency=50, wait_ms=100, ack_batch_max=20)
+        consumer.start()
+        await until(lambda: len(consumer._active) == 50, what="50 running")
+        go.set()
+        await until(lambda: len(fake.groups[("t", "g")].acked) == 50, what="all acked")
+        consumer.stop()
+        await consumer.join()
+    sizes = _ack_sizes(fake)
+    assert sum(sizes) == 50 and max(sizes) <= 20 and len(sizes) >= 3, sizes
+
+
+async def test_a_failed_ack_is_logged_once_for_its_batch(
+        fake: FakeBroker, caplog: pytest.LogCaptureFixture) -> None:
+    go = asyncio.Event()
+
+    async def handler(m: ReceivedMessage) -> None:
+        await go.wait()
+
+    async with AsyncClient(fake.url) as c:
+        await c.send_batch("t", [{"body": str(i)} for i in range(5)])
+        consumer = AsyncConsumer(c, "t", "g", handler, concurrency=5, wait_ms=100)
+        consumer.start()
+        await until(lambda: len(consumer._active) == 5, what="5 running")
+        fake.script.append(Reply(400, {"error": {"code": "invalid_parameter", "message": "no"}}))
+        with caplog.at_level("WARNING", logger="delayd.client.consumer"):
+            go.set()
+            await until(lambda: consumer.stats.succeeded == 5 and not consumer._active, what="all handled")
+        consumer.stop()
+        await consumer.join()
+    assert _ack_sizes(fake) == [5] and not fake.groups[("t", "g")].acked
+    (record,) = [r for r in caplog.records if "failed" in r.getMessage()]
+    assert "ack of 5 message(s)" in record.getMessage() and "invalid_parameter" in record.getMessage()
 
 
 async def test_slow_handler_keeps_its_lease(fake: FakeBroker) -> None:
@@ -161,3 +240,6 @@ def test_bad_options() -> None:
         AsyncConsumer(AsyncClient(), "t", "g", print, concurrency=0)
     with pytest.raises(ValueError):
         AsyncConsumer(AsyncClient(), "t", "g", print, lease_ms=10)
+    for bad in (0, 10_001):
+        with pytest.raises(ValueError, match="ack_batch_max"):
+            AsyncConsumer(AsyncClient(), "t", "g", print, ack_batch_max=bad)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from delayd.client import (
+    AckResult,
     AlreadyDelivered,
     AsyncClient,
     AsyncConsumer,
@@ -34,7 +35,7 @@ from delayd.client import (
 from delayd.client.cli import main as cli_main
 from delayd.client.ring import HashRing
 
-from tests.client.helpers import Either, until_async
+from tests.client.helpers import Either, until, until_async
 from tests.support.daemon import ROOT, DaemonProcess
 
 _names = itertools.count()
@@ -234,6 +235,39 @@ async def test_consumer_runner_dead_letters(daemon: DaemonProcess, fields: list[
 async def _dead_count(client: AsyncClient, topic: str, n: int) -> list[DeadLetter] | None:
     dead = await client.dead(topic, "workers")
     return dead if len(dead) >= n else None
+
+
+async def test_consumer_runner_acks_many_in_few_requests(daemon: DaemonProcess) -> None:
+    """Handlers of two pulls finish together: their acks go to the real daemon in a few requests
+    (receipts of two leases in one), every message is acked once and none comes back."""
+    topic = fresh()
+    go = asyncio.Event()
+    seen: list[str] = []
+
+    async def handler(m: ReceivedMessage) -> None:
+        seen.append(m.id)
+        await go.wait()
+
+    async with AsyncClient(daemon.url) as client:
+        await client.send_batch(topic, [{"body": f"m{i}"} for i in range(300)])
+        acks: list[int] = []
+        ack = client.ack
+
+        async def counted_ack(topic: str, group: str, receipts: list[ReceivedMessage]) -> AckResult:
+            acks.append(len(receipts))
+            return await ack(topic, group, receipts)
+
+        client.ack = counted_ack  # type: ignore[method-assign]
+        consumer = AsyncConsumer(client, topic, "g", handler, concurrency=300, wait_ms=200, lease_ms=60_000)
+        async with consumer:
+            await until(lambda: len(consumer._active) == 300, what="300 running")
+            go.set()
+            await until(lambda: consumer.stats.succeeded == 300 and not consumer._active, what="all handled")
+        assert sum(acks) == 300 and len(acks) <= 10, f"ack requests of {acks} receipts"
+        assert len(set(seen)) == 300
+        stats = await client.stats()
+        assert stats.groups[f"{topic}/g"]["inflight"] == 0
+        assert await client.pull(topic, "g", max=10, wait_ms=0) == []  # acked, not redelivered
 
 
 def test_sync_consumer_and_lease_extension(daemon: DaemonProcess) -> None:
