@@ -6,8 +6,8 @@
   broker's exponential backoff); after the subscription's `max_attempts` the broker dead-letters it.
 * Acks go together: the first is sent at once; those of handlers that finish while it is on its
   way go in the next request, up to `ack_batch_max` receipts (SQS's DeleteMessageBatch, with no
-  wait added); a whole batch goes at once, beside the one on its way. A handler's slot is free
-  again once the broker has answered its ack.
+  wait added); a whole batch goes at once, beside the one on its way. Nacks of one retry delay go
+  together the same way. A handler's slot is free again once the broker has answered.
 * A handler still busy when half its lease is gone gets the lease extended by `lease_ms`.
 * `max_messages` stops after that many deliveries; `idle_timeout_s` stops once nothing has arrived
   (and nothing is running) for that long.
@@ -40,7 +40,7 @@ Handler = Callable[[ReceivedMessage], Any] | Callable[[ReceivedMessage], Awaitab
 RetryDelay = int | Callable[[int], int | None] | None
 
 ERROR_PAUSE_S = (0.1, 5.0)  # pause after a failed pull, doubled per consecutive failure up to the cap
-ACK_BATCH_MAX = 1_000  # receipts an ack request carries at most by default (the broker takes 10,000)
+ACK_BATCH_MAX = 1_000  # receipts an ack or nack request carries at most by default (the broker takes 10,000)
 
 
 @dataclass
@@ -96,9 +96,9 @@ class AsyncConsumer:
         self._active: set[asyncio.Task[None]] = set()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._task: asyncio.Task[ConsumerStats] | None = None
-        # Acks waiting for a request (`_ack`), and the tasks sending them.
-        self._acks: list[tuple[ReceivedMessage, asyncio.Future[None]]] = []
-        self._ackers: set[asyncio.Task[None]] = set()
+        # Acks, and nacks by delay, waiting for a request (`_settle`), and the tasks sending them.
+        self._waiting: dict[tuple[str, int | None], list[tuple[ReceivedMessage, asyncio.Future[None]]]] = {}
+        self._senders: dict[tuple[str, int | None], set[asyncio.Task[None]]] = {}
 
     # ------------------------------------------------------------------ control
 
@@ -156,9 +156,10 @@ class AsyncConsumer:
             await self._pull_loop()
         finally:
             drained = await self._drain()
-            if self._ackers:  # acks of handlers the drain cancelled
-                await asyncio.wait(set(self._ackers), timeout=self.drain_timeout_s)
-                for task in self._ackers:
+            senders = {task for tasks in self._senders.values() for task in tasks}
+            if senders:  # acks and nacks of handlers the drain cancelled
+                await asyncio.wait(senders, timeout=self.drain_timeout_s)
+                for task in senders:
                     task.cancel()
             extender.cancel()
             await asyncio.gather(extender, return_exceptions=True)
@@ -267,43 +268,41 @@ class AsyncConsumer:
         return self.retry_delay_ms(attempt)
 
     async def _settle(self, action: str, m: ReceivedMessage, delay_ms: int | None) -> None:
-        if action == "ack":
-            await self._ack(m)
-            return
-        try:
-            stale = (await self.client.nack(self.topic, self.group, m, delay_ms=delay_ms)).stale
-        except DelaydError as e:
-            log.warning("nack of %s failed (%s); the message returns when its lease ends", m.id, e)
-            return
-        if stale:
-            log.warning("nack of %s was stale: its lease had expired, so it may be delivered again", m.id)
-
-    async def _ack(self, m: ReceivedMessage) -> None:
-        """Ack `m` with whatever other acks are waiting; returns once the broker has answered (a
-        failure or a stale receipt is logged, as for a nack)."""
+        """Ack or nack `m` with whatever others of the same kind wait (nacks: of the same delay);
+        returns once the broker has answered (a failure or a stale receipt is logged)."""
+        kind = (action, delay_ms)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._acks.append((m, done))
-        if not self._ackers or len(self._acks) >= self.ack_batch_max:  # a whole batch need not wait
-            task = asyncio.ensure_future(self._send_acks())
-            self._ackers.add(task)
-            task.add_done_callback(self._ackers.discard)
+        waiting = self._waiting.setdefault(kind, [])
+        waiting.append((m, done))
+        senders = self._senders.setdefault(kind, set())
+        if not senders or len(waiting) >= self.ack_batch_max:  # a whole batch need not wait
+            task = asyncio.ensure_future(self._send(kind))
+            senders.add(task)
+            task.add_done_callback(senders.discard)
         await done
 
-    async def _send_acks(self) -> None:
-        """Send the waiting acks, `ack_batch_max` at a time, until none wait. A handler cancelled
-        while it waits (the drain timeout) still has its ack sent: its work is done."""
-        while self._acks:
-            batch, self._acks = self._acks[:self.ack_batch_max], self._acks[self.ack_batch_max:]
+    async def _send(self, kind: tuple[str, int | None]) -> None:
+        """Send what waits of one kind, `ack_batch_max` at a time, until none waits. A handler
+        cancelled while it waits (the drain timeout) still has its ack or nack sent."""
+        action, delay_ms = kind
+        waiting = self._waiting[kind]
+        while waiting:
+            batch = waiting[:self.ack_batch_max]
+            del waiting[:self.ack_batch_max]
+            messages = [m for m, _ in batch]
             try:
-                stale = set((await self.client.ack(self.topic, self.group, [m for m, _ in batch])).stale)
+                if action == "ack":
+                    stale = set((await self.client.ack(self.topic, self.group, messages)).stale)
+                else:
+                    stale = set((await self.client.nack(self.topic, self.group, messages, delay_ms=delay_ms)).stale)
             except DelaydError as e:
-                log.warning("ack of %d message(s) (%s, ...) failed (%s); they return when their leases end",
-                            len(batch), batch[0][0].id, e)
+                log.warning("%s of %d message(s) (%s, ...) failed (%s); they return when their leases end",
+                            action, len(batch), batch[0][0].id, e)
                 stale = set()
             except asyncio.CancelledError:
-                for _, done in batch + self._acks:
+                for _, done in batch + waiting:
                     done.cancel()
-                self._acks = []
+                waiting.clear()
                 raise
             except Exception as e:  # not an answer of the broker's: each waiting handler raises it
                 for _, done in batch:
@@ -312,7 +311,8 @@ class AsyncConsumer:
                 continue
             for m, done in batch:
                 if m.receipt in stale:
-                    log.warning("ack of %s was stale: its lease had expired, so it may be delivered again", m.id)
+                    log.warning("%s of %s was stale: its lease had expired, so it may be delivered again",
+                                action, m.id)
                 if not done.done():
                     done.set_result(None)
 

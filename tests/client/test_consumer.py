@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 from delayd.client import AsyncClient, AsyncConsumer, Client, Consumer, ReceivedMessage
@@ -130,6 +131,29 @@ async def test_ack_batch_max_bounds_each_ack(fake: FakeBroker) -> None:
         await consumer.join()
     sizes = _ack_sizes(fake)
     assert sum(sizes) == 50 and max(sizes) <= 20 and len(sizes) >= 3, sizes
+
+
+async def test_nacks_of_one_delay_go_together(fake: FakeBroker) -> None:
+    go = asyncio.Event()
+
+    async def handler(m: ReceivedMessage) -> None:
+        await go.wait()
+        raise RuntimeError("downstream is down")
+
+    async with AsyncClient(fake.url) as c:
+        await c.send_batch("t", [{"body": str(i)} for i in range(10)])
+        consumer = AsyncConsumer(c, "t", "g", handler, concurrency=10, wait_ms=100, retry_delay_ms=60_000)
+        consumer.start()
+        await until(lambda: len(consumer._active) == 10, what="10 running")
+        go.set()
+        await until(lambda: consumer.stats.failed == 10 and not consumer._active, what="all failed")
+        consumer.stop()
+        await consumer.join()
+    nacks = [r.body for r in fake.requests if r.path.endswith("/nack")]
+    assert sum(len(b["receipts"]) for b in nacks) == 10 and len(nacks) <= 2, nacks
+    assert all(b["delay_ms"] == 60_000 for b in nacks)
+    later = fake.groups[("t", "g")].available_at.values()
+    assert len(later) == 10 and min(later) > time.time() * 1000 + 50_000, "each nacked with its delay"
 
 
 async def test_a_failed_ack_is_logged_once_for_its_batch(
