@@ -32,14 +32,15 @@ written).
 
 from __future__ import annotations
 
+import functools
 import logging
 import sqlite3
 import sys
 import threading
 import time
 from array import array
-from collections.abc import Callable, Sequence
-from itertools import chain, groupby, repeat
+from collections.abc import Callable, Iterable, Sequence
+from itertools import chain, groupby, islice, repeat
 from operator import itemgetter
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -147,7 +148,28 @@ _compiled = native.compiled()
 ops: Any = _compiled if _compiled is not None else sys.modules[__name__]
 
 Op = tuple[str, Any]
-PUT = "INSERT OR REPLACE INTO keys (topic, key, seq, deliver_at, done_at) VALUES (?, ?, ?, ?, NULL)"
+PUT = "INSERT OR REPLACE INTO keys (topic, key, seq, deliver_at, done_at) VALUES "
+PUT_ROW = "(?, ?, ?, ?, NULL)"
+# Rows one INSERT carries (4 parameters each: under the 999 of SQLite before 3.32). Python's
+# sqlite3 gives the GIL up and takes it back around every step, and an executemany steps once a
+# row; a statement of many rows is one step: half the CPU a key, and a handful of switches with
+# the event loop's thread instead of one a key (BENCHMARKS.md).
+PUT_ROWS = 200
+
+
+@functools.cache
+def _put_sql(rows: int) -> str:
+    return PUT + ", ".join([PUT_ROW] * rows)
+
+
+def put_rows(db: sqlite3.Connection, rows: Iterable[tuple[str, str | None, int, int]]) -> None:
+    """Write (topic, key, seq, deliver_at) rows in their order, a later row of a key replacing an
+    earlier one (SQLite inserts a statement's VALUES in order), PUT_ROWS to a statement."""
+    flat = chain.from_iterable(rows)  # no Python code a row: C iterators, as in `_put_runs`
+    while params := list(islice(flat, 4 * PUT_ROWS)):
+        db.execute(_put_sql(len(params) // 4), params)
+
+
 _MISS = object()
 _EMPTY: dict[str, Any] = {}
 SCAN_CHUNK = 4096
@@ -450,7 +472,7 @@ class KeyIndex:
             self._put_runs(runs)  # before what comes after them
             runs = []
             if kind == "put":
-                w.executemany(PUT, arg)
+                put_rows(w, arg)
             elif kind == "release":
                 w.execute("DELETE FROM keys WHERE topic=? AND key=? AND seq=?", arg)
             elif kind == "delivered":
@@ -472,8 +494,8 @@ class KeyIndex:
         seqs = array("q", chain.from_iterable(range(run[2], run[2] + len(run[1])) for run in runs))
         dues = array("q", chain.from_iterable(run[3] for run in runs))
         topics = list(chain.from_iterable(repeat(run[0], len(run[1])) for run in runs))
-        self.writer.executemany(PUT, zip(map(topics.__getitem__, at), map(keys.__getitem__, at),
-                                         map(seqs.__getitem__, at), map(dues.__getitem__, at), strict=True))
+        put_rows(self.writer, zip(map(topics.__getitem__, at), map(keys.__getitem__, at),
+                                  map(seqs.__getitem__, at), map(dues.__getitem__, at), strict=True))
 
     def applied(self) -> None:
         """The database now holds what `take_ops` handed out: drop that part of the overlay."""
