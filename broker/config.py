@@ -75,6 +75,10 @@ class Config:
     # Keys produced but not yet in the key index's database (held in memory meanwhile, about 150
     # bytes each): above it a keyed produce is answered 429 until the index's writes catch up.
     max_unwritten_keys: int = 500_000
+    # Far-index writes (messages due beyond the roll window) queued but not yet in its database
+    # (held in memory meanwhile, about 200 bytes each): above it a produce of a batch holding a
+    # far message is answered 429 until the writes catch up.
+    max_unwritten_far: int = 500_000
     request_timeout_s: float = 60.0
     # storage
     segment_bytes: int = 64 * 1024 * 1024
@@ -167,6 +171,8 @@ class Config:
                               f"must fit in a request, also as body_b64 in JSON")
         if self.max_unwritten_keys < 1:
             raise ConfigError("max_unwritten_keys must be at least 1")
+        if self.max_unwritten_far < 1:
+            raise ConfigError("max_unwritten_far must be at least 1")
         if self.max_request_elements < 1000:
             raise ConfigError("max_request_elements must be at least 1,000")
         if bool(self.tls_cert) != bool(self.tls_key):

@@ -340,6 +340,8 @@ class Broker:
             found = self._keyed(store, topic, keys, replace, now)
         fresh_at = found.fresh if found is not None else range(len(messages))
         fresh = [messages[i] for i in fresh_at]
+        if fresh:
+            self._far_room(store, max(m.deliver_at for m in fresh), now)
         results: list[Produced | None] = [None] * len(messages)
         if fresh:
             # A failure here (disk full, no descriptors) is answered by broker.errors' table.
@@ -387,6 +389,8 @@ class Broker:
             if len(found.fresh) < n:
                 records, sizes, *_ = batch.ops.encode_produce_raw(raw, *args, array("I", found.fresh).tobytes())
         fresh = found.fresh if found is not None else range(n)
+        if fresh:  # (over all of them: a duplicate stores nothing, but rarely decides it)
+            self._far_room(store, max(deliver_at), now)
         seqs = array("Q", bytes(8 * n))
         duplicate = bytearray(n)
         if fresh:
@@ -426,6 +430,13 @@ class Broker:
         it has not written yet are held in memory (storage.keyindex `unwritten`)."""
         if store.keys.unwritten > self.cfg.max_unwritten_keys:
             raise errors.Backpressure("the key index is behind; retry shortly", retry_after_s=1)
+
+    def _far_room(self, store: Store, last_due: int, now: int) -> None:
+        """A produce holding a message due beyond the roll window is refused for now while the far
+        index's writes are behind: what it has not written yet is held in memory
+        (storage.farindex `unwritten`)."""
+        if last_due > now + self.cfg.roll_window_ms and store.far.unwritten > self.cfg.max_unwritten_far:
+            raise errors.Backpressure("the far-future index is behind; retry shortly", retry_after_s=1)
 
     def _keyed(self, store: Store, topic: str, keys: list[str | None], replace: list[bool], now: int) -> _Keyed:
         """Which messages of a keyed batch are stored, and what the others answer (see `produce`)."""

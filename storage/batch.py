@@ -35,6 +35,13 @@ DueRow (DROW = 48 bytes): a message leaving the timer (dequeue-get-message → d
       36     4   bits         u32   ROW_KEYED
       40     8   slot_time    i64   the wheel slot it was loaded from (in-flight accounting)
 
+FarRow (FAR_ROW = 20 bytes): a message `index_rows` parked far (a ROLL unit), for the far index
+and the hourly far counts.
+
+       0     8   deliver_at   i64
+       8     8   seq          u64
+      16     4   topic_hash   u32
+
 UnitRow (UROW = 60 bytes): a TimerLog unit taken out of the wheel: its position (i64), then the
 52 unit bytes of storage/timerlog.py.
 
@@ -64,11 +71,13 @@ from delayd.storage.timerwheel import SLOT
 
 MROW_FMT = struct.Struct("<QqqIIIHBB")
 DUE = struct.Struct("<qQqIIIIq")
+FAR = struct.Struct("<qQI")
 UROW_POS = struct.Struct("<q")
-MROW, DROW, UROW = MROW_FMT.size, DUE.size, 8 + UNIT_SIZE
-assert (MROW, DROW, UROW) == (40, 48, 60)
+MROW, DROW, FAR_ROW, UROW = MROW_FMT.size, DUE.size, FAR.size, 8 + UNIT_SIZE
+assert (MROW, DROW, FAR_ROW, UROW) == (40, 48, 20, 60)
 ROW_KEYED = 1
-FLAG_SLOT = 1  # message-table flags bit: counted in the per-slot schedule (storage/store.py)
+# message-table flags (storage.schedule.Placed): counted in the per-slot schedule, parked far
+FLAG_SLOT, FLAG_FAR = 1, 2
 
 SCAN_OK, SCAN_TORN, SCAN_CORRUPT, SCAN_VERSION = 0, 1, 2, 3
 SCAN_READ = 1 << 20  # read_rows reads at most this much of the log at once
@@ -404,19 +413,23 @@ def read_rows(commit: Any, pos: int, max_records: int, end: int | None = None) -
 # ------------------------------------------------------------------------------------ enqueue-put
 def index_rows(rows: bytes, start: int, spans: Sequence[SpanLike], wheel: Any, header_size: int, precision: int,
                nslots: int, load_time: int, window_end: int, unsafe_from: int, tlog_pos: int,
-               now_ms: int, max_units: int) -> tuple[int, bytes, bytes, bytes, bytes]:
+               now_ms: int, max_units: int) -> tuple[int, bytes, bytes, bytes, bytes, bytes]:
     """enqueue-put's common case for MessageRows[start:], in order; returns (consumed, units, slots,
-    late, counts).
+    late, counts, far).
 
     A GROUP record is consumed with nothing to index. A MESSAGE whose message-table entry is
     SCHEDULED at this record and whose due time is inside the window (`window_end`), in a slot that
     may take a unit (fire before `unsafe_from`, else the slot's previous lap is not dispatched
     yet), gets a DEFAULT unit: in its own slot (its slot index in `counts`, flag FLAG_SLOT), or — when its
     slot was already loaded (due before `load_time`) — in slot `load_time`, flags 0, plus a DueRow
-    in `late` so dequeue-put gets it now. A cancelled MESSAGE loses its flags; one delivered or
+    in `late` so dequeue-put gets it now. One due beyond the window is parked far (RIP-43): a ROLL
+    unit at its roll slot — `base + window // 2` when it is due within a third of a window after
+    `window_end`, else `base + window`, with base = max(now_ms, load_time) and window =
+    window_end - base (which must be positive) — flag FLAG_FAR, and a FarRow in `far` for the
+    far index and the hourly counts. A cancelled MESSAGE loses its flags; one delivered or
     superseded (the table points elsewhere) is consumed as is. Anything else stops the batch at
-    that row and the caller's full path (Store) takes it: cancel and roll records, far messages
-    (ROLL units), a message not in the spans, a full lap, max_units units made.
+    that row and the caller's full path (Store) takes it: cancel and roll records, a message not
+    in the spans, a full lap, max_units units made.
 
     Units are returned, not written: the caller appends them to the TimerLog at `tlog_pos`, then
     writes `slots` (the new state of every slot touched, as 32-byte wheel slots) with put_slots —
@@ -431,7 +444,7 @@ def index_rows(rows: bytes, start: int, spans: Sequence[SpanLike], wheel: Any, h
     if not 0 <= start <= n:
         raise IndexError("start")
     slots: dict[int, list[int]] = {}
-    units, late, incs = [], [], []
+    units, late, incs, far = [], [], [], []
     pos = tlog_pos
     i = start
     made = 0
@@ -457,9 +470,16 @@ def index_rows(rows: bytes, start: int, spans: Sequence[SpanLike], wheel: Any, h
                 i += 1
                 continue
             break
+        unit = int(UnitMagic.DEFAULT)
         if deliver_at > window_end:
-            break
-        fire = load_time if deliver_at < load_time else deliver_at
+            base = max(now_ms, load_time)
+            window = window_end - base
+            if window <= 0:
+                break
+            fire = base + (window // 2 if deliver_at - window_end < window // 3 else window)
+            unit = int(UnitMagic.ROLL)
+        else:
+            fire = load_time if deliver_at < load_time else deliver_at
         if fire >= unsafe_from or not -(1 << 31) <= fire - now_ms < 1 << 31:
             break
         st = fire - fire % precision
@@ -467,15 +487,18 @@ def index_rows(rows: bytes, start: int, spans: Sequence[SpanLike], wheel: Any, h
         if s is None:
             t, first, last, num, magic = SLOT.unpack_from(wheel, header_size + st // precision % nslots * SLOT.size)
             s = slots[st] = [first, last, num, magic] if t == st and num > 0 else [NO_POS, NO_POS, 0, 0]
-        units.append(UNIT.pack(UNIT_SIZE, s[1], int(UnitMagic.DEFAULT), now_ms, fire - now_ms, offset, size, th, seq))
+        units.append(UNIT.pack(UNIT_SIZE, s[1], unit, now_ms, fire - now_ms, offset, size, th, seq))
         if s[2] == 0:
             s[0] = pos
         s[1] = pos
         s[2] += 1
-        s[3] |= int(UnitMagic.DEFAULT)
+        s[3] |= unit
         pos += UNIT_SIZE
         made += 1
-        if deliver_at >= load_time:
+        if unit == UnitMagic.ROLL:
+            span.buf[at + 1] = FLAG_FAR
+            far.append(FAR.pack(deliver_at, seq, th))
+        elif deliver_at >= load_time:
             incs.append(deliver_at // precision % nslots)
             span.buf[at + 1] = FLAG_SLOT
         else:
@@ -484,7 +507,7 @@ def index_rows(rows: bytes, start: int, spans: Sequence[SpanLike], wheel: Any, h
         _touch(span, at + 1, at + 2)
         i += 1
     slot_bytes = b"".join(SLOT.pack(st, *s) for st, s in slots.items())
-    return i - start, b"".join(units), slot_bytes, b"".join(late), struct.pack(f"<{len(incs)}I", *incs)
+    return i - start, b"".join(units), slot_bytes, b"".join(late), struct.pack(f"<{len(incs)}I", *incs), b"".join(far)
 
 
 def add_counts(counts: Any, indexes: bytes) -> None:

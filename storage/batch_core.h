@@ -45,10 +45,12 @@
 #define ST_DELIVERED 2
 #define ST_CANCELLED 3
 #define MT_FLAG_SLOT 1
+#define MT_FLAG_FAR 2
 
 /* In-memory rows passed between stages (byte tables in storage/batch.py). */
 #define MROW 40  /* MessageRow: seq, deliver_at, offset, size, topic_hash, tag_hash, roll, type, bits */
 #define DROW 48  /* DueRow: deliver_at, seq, offset, size, topic_hash, tag_hash, bits, slot_time */
+#define FAR_ROW 20  /* FarRow: deliver_at, seq, topic_hash (index_rows: a message parked far) */
 #define UROW 60  /* UnitRow: pos, then the 52 unit bytes */
 #define PROW 56  /* PullRow: the 40-byte ready unit, index u64, attempt u32, token u32 */
 #define ROW_KEYED 1

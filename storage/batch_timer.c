@@ -107,15 +107,19 @@ typedef struct {
 
 /* index_rows(rows, start, spans, wheel, header_size, precision, nslots, load_time,
  *            window_end, unsafe_from, tlog_pos, now_ms, max_units)
- *   -> (consumed, units, slots, late, counts)
+ *   -> (consumed, units, slots, late, counts, far)
  *
  * enqueue-put for MessageRows[start:], in order, as storage.batch.index_rows specifies: a GROUP
  * record is consumed with nothing to index; a MESSAGE whose table entry is SCHEDULED at this
  * record and whose due time is inside the window (and whose slot may take a unit: fire before
  * `unsafe_from`) gets a DEFAULT unit — in its own slot, or, when that slot was already loaded
  * (due before `load_time`), in slot `load_time` plus a DueRow in `late` for dequeue-put; a MESSAGE
- * that is cancelled loses its schedule flags, one delivered or superseded is consumed as is.
- * Anything else (cancel and roll records, far messages, a full slot lap) stops the batch at that
+ * that is cancelled loses its schedule flags, one delivered or superseded is consumed as is. A
+ * MESSAGE due beyond the window is parked far (RIP-43): a ROLL unit at its roll slot, `base + window
+ * / 2` when it is due within a third of a window after the window's end, else `base + window` (base
+ * = max(now_ms, load_time), window = window_end - base, which must be positive), flag FAR, and a
+ * FarRow (deliver_at i64, seq u64, topic hash u32) in `far` for the caller's far index and hourly
+ * counts. Anything else (cancel and roll records, a full slot lap) stops the batch at that
  * row: `consumed` says how far it got and the caller's reference path takes the row. Units are
  * returned (not written): the caller appends them to the TimerLog and then applies `slots` (the
  * new state of every slot touched, 32-byte wheel slots) — units reach the file before any slot
@@ -132,7 +136,7 @@ PyObject *index_rows(PyObject *self, PyObject *args) {
     if (precision <= 0 || nslots <= 0) { PyErr_SetString(PyExc_ValueError, "bad wheel geometry"); return NULL; }
     Buf rb = {.held = 0}, wb = {.held = 0};
     Spans sp = {0};
-    Out units = {0}, late = {0}, incs = {0};
+    Out units = {0}, late = {0}, incs = {0}, far = {0};
     Map slots = {0};
     SlotState *states = NULL;
     int64_t *slot_times = NULL;
@@ -176,8 +180,16 @@ PyObject *index_rows(PyObject *self, PyObject *args) {
             if (state == ST_DELIVERED || (state == ST_SCHEDULED && eoff != offset)) continue;
             break;  /* UNKNOWN: the reference decides */
         }
-        if (deliver_at > window_end) break;  /* far: a ROLL unit, the reference path */
-        int64_t fire = deliver_at < load_time ? load_time : deliver_at;
+        int64_t fire;
+        uint32_t magic = UNIT_DEFAULT;
+        if (deliver_at > window_end) {  /* far: a ROLL unit at its roll slot */
+            int64_t base = now_ms > load_time ? now_ms : load_time, window = window_end - base;
+            if (window <= 0) break;  /* no window to roll in: the reference decides */
+            fire = base + (deliver_at - window_end < window / 3 ? window / 2 : window);
+            magic = UNIT_ROLL;
+        } else {
+            fire = deliver_at < load_time ? load_time : deliver_at;
+        }
         if (fire >= unsafe_from) break;  /* the slot's previous lap is not dispatched yet */
         if (fire - now_ms > INT32_MAX || fire - now_ms < INT32_MIN) break;  /* delay is an i32 */
         int64_t st = fire - fmod64(fire, precision);
@@ -209,7 +221,7 @@ PyObject *index_rows(PyObject *self, PyObject *args) {
         if (!u) goto done;
         wr32(u, UNIT_SIZE);
         wri64(u + 4, ss->last);
-        wr32(u + 12, UNIT_DEFAULT);
+        wr32(u + 12, magic);
         wri64(u + 16, now_ms);
         wri32(u + 24, (int32_t)(fire - now_ms));
         wri64(u + 28, offset);
@@ -219,10 +231,17 @@ PyObject *index_rows(PyObject *self, PyObject *args) {
         if (ss->num == 0) ss->first = pos;
         ss->last = pos;
         ss->num++;
-        ss->magic |= UNIT_DEFAULT;
+        ss->magic |= magic;
         pos += UNIT_SIZE;
         made++;
-        if (deliver_at >= load_time) {
+        if (magic == UNIT_ROLL) {
+            entry[1] = MT_FLAG_FAR;
+            uint8_t *f = out_take(&far, FAR_ROW);
+            if (!f) goto done;
+            wri64(f, deliver_at);
+            wr64(f + 8, seq);
+            wr32(f + 16, rd32(row + 28));
+        } else if (deliver_at >= load_time) {
             uint8_t *c = out_take(&incs, 4);
             if (!c) goto done;
             wr32(c, (uint32_t)fmod64(floordiv64(deliver_at, precision), nslots));
@@ -255,8 +274,12 @@ PyObject *index_rows(PyObject *self, PyObject *args) {
         wr32(s + 28, states[k].magic);
     }
     PyObject *ub = out_bytes(&units), *lb = ub ? out_bytes(&late) : NULL, *cb = lb ? out_bytes(&incs) : NULL;
-    if (!ub || !lb || !cb) { Py_XDECREF(ub); Py_XDECREF(lb); Py_XDECREF(cb); Py_DECREF(slot_bytes); goto done; }
-    res = Py_BuildValue("(nNNNN)", i - start, ub, slot_bytes, lb, cb);
+    PyObject *fb = cb ? out_bytes(&far) : NULL;
+    if (!ub || !lb || !cb || !fb) {
+        Py_XDECREF(ub); Py_XDECREF(lb); Py_XDECREF(cb); Py_XDECREF(fb); Py_DECREF(slot_bytes);
+        goto done;
+    }
+    res = Py_BuildValue("(nNNNNN)", i - start, ub, slot_bytes, lb, cb, fb);
 done:
     buf_release(&rb);
     buf_release(&wb);
@@ -264,6 +287,7 @@ done:
     out_free(&units);
     out_free(&late);
     out_free(&incs);
+    out_free(&far);
     map_free(&slots);
     PyMem_Free(states);
     PyMem_Free(slot_times);

@@ -36,18 +36,21 @@ import heapq
 import sqlite3
 import zlib
 from collections.abc import Iterable
+from itertools import repeat
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
 from delayd.storage.commitlog import Record, RecordType
 from delayd.storage.errors import UnsupportedVersion
-from delayd.storage.keyindex import connect, open_or_set_aside
+from delayd.storage.keyindex import connect, insert_rows, open_or_set_aside
 from delayd.storage.msgtable import MessageState, MessageTable
 
 FARINDEX_VERSION = 1
 REPLAY_BATCH = 4096  # records whose message-table entries recovery reads together
 
 Row = tuple[int, int, int]  # (deliver_at, seq, topic_hash)
+PUT_ROW = "(?, ?, ?)"
 Op = tuple[str, Any]
 
 
@@ -70,7 +73,12 @@ class FarIndex:
             self.db.close()
             raise
         self.writer = self._connect(cache_kib)
+        # The rows of a checkpoint's puts, for SQLite to sort before they go in (`apply`): the
+        # writer's own temporary table, in a temporary file (temp_store FILE), not on the heap.
+        self.writer.execute("CREATE TEMP TABLE IF NOT EXISTS far_in (deliver_at INTEGER, seq INTEGER, "
+                            "topic_hash INTEGER)")
         self._ops: list[Op] = []
+        self._writing = 0  # operations handed to `apply` and not yet applied
         self._current: dict[int, Row | None] = {}
         self._flushing: dict[int, Row | None] = {}
 
@@ -100,6 +108,12 @@ class FarIndex:
         self._ops.append(("put", row))
         self._current[seq] = row
 
+    def put_many(self, rows: Iterable[Row]) -> None:
+        """`put` for each (deliver_at, seq, topic_hash) row, in order."""
+        rows = list(rows)
+        self._ops.extend(zip(repeat("put"), rows))
+        self._current.update(zip(map(itemgetter(1), rows), rows, strict=True))
+
     def remove(self, deliver_at: int, seq: int) -> None:
         self._ops.append(("remove", (deliver_at, seq)))
         self._current[seq] = None
@@ -111,6 +125,7 @@ class FarIndex:
 
     def take_ops(self) -> list[Op]:
         ops, self._ops = self._ops, []
+        self._writing += len(ops)
         if self._flushing:  # an earlier write failed and was requeued: keep its entries too
             self._flushing.update(self._current)
         else:
@@ -120,19 +135,33 @@ class FarIndex:
 
     def requeue(self, ops: list[Op]) -> None:
         self._ops[:0] = ops
+        self._writing = 0
+
+    @property
+    def unwritten(self) -> int:
+        """Operations the database does not hold yet, held in memory (about 200 bytes each): the
+        broker refuses a produce of far messages while it is over `max_unwritten_far` (rows put
+        in due order into a big table are slower than produce)."""
+        return len(self._ops) + self._writing
 
     def apply(self, ops: list[Op], commit_pos: int) -> None:
         """Write queued operations and the indexed position they cover, atomically (worker thread)."""
         w = self.writer
         i = 0
-        while i < len(ops):  # consecutive operations of one kind go in one executemany, in order
+        while i < len(ops):  # consecutive operations of one kind are written together, in order
             kind = ops[i][0]
             j = i
             while j < len(ops) and ops[j][0] == kind:
                 j += 1
             args = [op[1] for op in ops[i:j]]
             if kind == "put":
-                w.executemany("INSERT OR REPLACE INTO far (deliver_at, seq, topic_hash) VALUES (?, ?, ?)", args)
+                # In primary-key order: random due times would each touch a page of their own.
+                # SQLite sorts them in one step (no GIL held); a row put twice is the same row.
+                w.execute("DELETE FROM far_in")
+                insert_rows(w, "INSERT INTO far_in (deliver_at, seq, topic_hash) VALUES ", PUT_ROW, 3, args)
+                w.execute("INSERT OR REPLACE INTO far (deliver_at, seq, topic_hash) "
+                          "SELECT deliver_at, seq, topic_hash FROM far_in ORDER BY deliver_at, seq")
+                w.execute("DELETE FROM far_in")
             else:
                 w.executemany("DELETE FROM far WHERE deliver_at=? AND seq=?", args)
             i = j
@@ -141,6 +170,7 @@ class FarIndex:
 
     def applied(self) -> None:
         self._flushing = {}
+        self._writing = 0
 
     def commit(self, commit_pos: int) -> None:
         """Apply everything queued now, on this thread (recovery and shutdown)."""
@@ -149,6 +179,7 @@ class FarIndex:
 
     def reset(self) -> None:
         self._ops.clear()
+        self._writing = 0
         self._current, self._flushing = {}, {}
         self.writer.execute("DELETE FROM far")
         self.writer.execute("DELETE FROM meta")

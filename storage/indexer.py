@@ -104,13 +104,15 @@ class Indexer:
                 _seq, _due, offset, size, *_rest = batch.MROW_FMT.unpack_from(rows, i * MROW)
                 if offset >= self.full_until:
                     room = tlog.room_units()
-                    consumed, units, slots, late_rows, counts = ops.index_rows(
+                    consumed, units, slots, late_rows, counts, far = ops.index_rows(
                         rows, i, msgs.spans, wheel.buffer, WHEEL_HEADER_SIZE, precision, nslots, d, window_end,
                         unsafe_from, tlog.end, now_ms, room)
                     if units:
                         tlog.append(units)  # before the slots point at them; DiskFull: nothing counted
                     ops.put_slots(wheel.buffer, WHEEL_HEADER_SIZE, precision, nslots, slots)
                     ops.add_counts(self.schedule.slots, counts)
+                    if far:
+                        self._parked_far(far)
                     late.append(late_rows)
                     i += consumed
                     if i >= n or len(units) == room * UNIT_SIZE:
@@ -135,6 +137,18 @@ class Indexer:
             _seq, _due, offset, size, *_rest = batch.MROW_FMT.unpack_from(rows, (i - 1) * MROW)
             self.indexed = max(self.indexed, offset + size)
         return IndexResult(i, b"".join(late), blocked)
+
+    def _parked_far(self, far: bytes) -> None:
+        """What `_apply` does for messages the compiled core parked far (FarRows): their hourly
+        counts and their far-index rows."""
+        rows = list(batch.FAR.iter_unpack(far))
+        hours: dict[int, int] = {}
+        for deliver_at, _seq, _th in rows:
+            h = deliver_at // HOUR_MS
+            hours[h] = hours.get(h, 0) + 1
+        for h, n in hours.items():
+            self.schedule.add_far(h * HOUR_MS, n)
+        self.far.put_many(rows)
 
     def _one(self, rec: Record, now_ms: int, late: list[bytes]) -> object | None:
         """Index one record the compiled core does not take; BLOCKED when its unit would

@@ -150,24 +150,32 @@ ops: Any = _compiled if _compiled is not None else sys.modules[__name__]
 Op = tuple[str, Any]
 PUT = "INSERT OR REPLACE INTO keys (topic, key, seq, deliver_at, done_at) VALUES "
 PUT_ROW = "(?, ?, ?, ?, NULL)"
-# Rows one INSERT carries (4 parameters each: under the 999 of SQLite before 3.32). Python's
-# sqlite3 gives the GIL up and takes it back around every step, and an executemany steps once a
-# row; a statement of many rows is one step: half the CPU a key, and a handful of switches with
-# the event loop's thread instead of one a key (BENCHMARKS.md).
-PUT_ROWS = 200
+# Parameters one INSERT of many rows carries at most (under the 999 of SQLite before 3.32).
+# Python's sqlite3 gives the GIL up and takes it back around every step, and an executemany
+# steps once a row; a statement of many rows is one step: half the CPU a row, and a handful of
+# switches with the event loop's thread instead of one a row (BENCHMARKS.md).
+INSERT_PARAMS = 800
 
 
 @functools.cache
-def _put_sql(rows: int) -> str:
-    return PUT + ", ".join([PUT_ROW] * rows)
+def _insert_sql(head: str, row: str, rows: int) -> str:
+    return head + ", ".join([row] * rows)
+
+
+def insert_rows(db: sqlite3.Connection, head: str, row: str, width: int, rows: Iterable[tuple[Any, ...]]) -> None:
+    """`head` + VALUES `row` (`width` parameters) for every row, in their order, as few statements
+    as INSERT_PARAMS allows: a later row of a primary key replaces an earlier one (SQLite inserts a
+    statement's rows in order) as it would in an executemany. The SQLite indexes' one way to write
+    rows (keys here, storage.farindex)."""
+    flat = chain.from_iterable(rows)  # no Python code a row: C iterators
+    per = max(1, INSERT_PARAMS // width) * width
+    while params := list(islice(flat, per)):
+        db.execute(_insert_sql(head, row, len(params) // width), params)
 
 
 def put_rows(db: sqlite3.Connection, rows: Iterable[tuple[str, str | None, int, int]]) -> None:
-    """Write (topic, key, seq, deliver_at) rows in their order, a later row of a key replacing an
-    earlier one (SQLite inserts a statement's VALUES in order), PUT_ROWS to a statement."""
-    flat = chain.from_iterable(rows)  # no Python code a row: C iterators, as in `_put_runs`
-    while params := list(islice(flat, 4 * PUT_ROWS)):
-        db.execute(_put_sql(len(params) // 4), params)
+    """Write (topic, key, seq, deliver_at) rows: the message `seq` holds the key."""
+    insert_rows(db, PUT, PUT_ROW, 4, rows)
 
 
 _MISS = object()

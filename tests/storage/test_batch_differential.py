@@ -22,7 +22,7 @@ from delayd.storage import batch as ref
 from delayd.storage.commitlog import Record, RecordType, encode, encode_messages, release_body
 from delayd.storage.msgtable import ENTRY
 from delayd.storage.readyqueue import UNIT as READY
-from delayd.storage.timerlog import UNIT, UNIT_SIZE
+from delayd.storage.timerlog import UNIT, UNIT_SIZE, UnitMagic
 from delayd.storage.timerwheel import HEADER as WHEEL_HEADER
 from delayd.storage.timerwheel import SLOT
 from hypothesis import HealthCheck, assume, given, settings
@@ -300,11 +300,15 @@ def index_case(draw: Any) -> dict[str, Any]:
     n = draw(st.integers(0, 12))
     base_seq = draw(st.integers(0, 50))
     load_time = draw(st.integers(0, 40)) * PRECISION
+    window_end = load_time + draw(st.sampled_from([80_000] * 4 + [30_000] * 2) | st.integers(-1000, 80_000))
     rows, entries = [], bytearray(ENTRY.size * (n + 4))
     for i in range(n):
         seq = base_seq + i
         off = draw(st.integers(0, 10_000))
-        deliver_at = load_time + draw(st.integers(-3000, 70_000))
+        # In the window, or far: just past it (either roll slot), or well beyond
+        deliver_at = draw(st.integers(-3000, 70_000).map(lambda d: load_time + d)
+                          | st.integers(1, 20_000).map(lambda d: window_end + d)
+                          | st.integers(70_000, 300_000).map(lambda d: load_time + d))
         rtype = draw(st.sampled_from([1] * 12 + [2, 3, 4, 5, 9]))
         state = draw(st.sampled_from([1] * 12 + [0, 2, 3]))
         eoff = off if draw(st.integers(0, 12)) else off + 1
@@ -323,7 +327,7 @@ def index_case(draw: Any) -> dict[str, Any]:
         "rows": b"".join(rows), "start": draw(st.sampled_from([0, 0, 0]) | st.integers(0, n)),
         "spans": [Span(base_seq, entries[:spans_cut * ENTRY.size], valid)],
         "wheel": wheel, "counts": bytearray(4 * NSLOTS), "load_time": load_time,
-        "window_end": load_time + draw(st.sampled_from([80_000] * 4) | st.integers(0, 80_000)),
+        "window_end": window_end,
         "unsafe_from": load_time + draw(st.sampled_from([NSLOTS * PRECISION] * 4) | st.integers(0, NSLOTS * PRECISION)),
         "tlog_pos": draw(st.integers(0, 1000)) * UNIT_SIZE, "now": load_time + draw(st.integers(-500, 500)),
         "max_units": draw(st.sampled_from([14] * 4) | st.integers(0, 14)),
@@ -343,6 +347,35 @@ def test_index_rows(case: dict[str, Any]) -> None:
         impl.add_counts(k["counts"], out[4])
         results.append((out, bytes(k["wheel"]), bytes(k["counts"]), span_states(k["spans"])))
     assert results[0] == results[1]
+
+
+def test_index_rows_parks_far_messages_in_roll_units() -> None:
+    """Due beyond the window: a ROLL unit at base + window / 2 (due within a third of a window
+    after its end) or base + window, flag FAR, a FarRow; none when there is no window."""
+    load_time, now = 10 * PRECISION, 10 * PRECISION + 300
+    window_end = now + 30_000  # base = now, window 30 s
+    dues = [window_end + 9_999, window_end + 10_000, window_end + 200_000]
+    rows = b"".join(ref.MROW_FMT.pack(7 + i, due, 100 * i, 77, 0xABCD, 0, 0, 1, 0) for i, due in enumerate(dues))
+    entries = bytearray(ENTRY.size * 3)
+    for i in range(3):
+        ENTRY.pack_into(entries, i * ENTRY.size, 1, 0, 0, 77, 100 * i)
+    for impl in (c, ref):
+        spans = [Span(7, bytearray(entries), len(entries))]
+        wheel = bytearray(HDR + NSLOTS * SLOT.size)
+        consumed, units, slots, late, counts, far = impl.index_rows(
+            rows, 0, spans, wheel, HDR, PRECISION, NSLOTS, load_time, window_end, load_time + NSLOTS * PRECISION,
+            0, now, 10)
+        got = [UNIT.unpack_from(units, k * UNIT_SIZE) for k in range(3)]
+        assert consumed == 3 and not late and not counts
+        assert [(u[2], u[3] + u[4]) for u in got] == [(int(UnitMagic.ROLL), now + 15_000),
+                                                      (int(UnitMagic.ROLL), now + 30_000),
+                                                      (int(UnitMagic.ROLL), now + 30_000)]
+        assert [ref.FAR.unpack_from(far, k * ref.FAR_ROW) for k in range(3)] == [
+            (due, 7 + i, 0xABCD) for i, due in enumerate(dues)]
+        assert [spans[0].buf[k * ENTRY.size + 1] for k in range(3)] == [ref.FLAG_FAR] * 3
+        # Without a window (window_end at or before max(now, load_time)) the reference path decides.
+        assert impl.index_rows(rows, 0, [Span(7, bytearray(entries), len(entries))], bytearray(wheel), HDR,
+                               PRECISION, NSLOTS, load_time, now, load_time + NSLOTS * PRECISION, 0, now, 10)[0] == 0
 
 
 def test_index_rows_rejects_wrong_sizes() -> None:

@@ -81,10 +81,11 @@ def put(ki: KeyIndex, op: tuple, seq: int) -> tuple[list[tuple[str, str, int, in
     return [(t, k, seq + i, 100 + seq + i) for i, k in enumerate(keys) if k is not None], len(keys)
 
 
-@pytest.mark.parametrize("rows_per_statement", [1, 2, keyindex.PUT_ROWS])
+@pytest.mark.parametrize("params_per_statement", [4, 8, keyindex.INSERT_PARAMS])
 @settings(max_examples=100, deadline=None, database=None, derandomize=True)
 @given(ops=OPS)
-def test_the_written_index_is_what_the_operations_say_in_their_order(ops: list[tuple], rows_per_statement: int) -> None:
+def test_the_written_index_is_what_the_operations_say_in_their_order(ops: list[tuple],
+                                                                    params_per_statement: int) -> None:
     """What `apply` writes, in whatever way it writes it: a later put of a key wins over an
     earlier one (in one INSERT of many rows, and across them), and a release, a delivery or an
     expiry sees exactly the puts queued before it."""
@@ -92,7 +93,7 @@ def test_the_written_index_is_what_the_operations_say_in_their_order(ops: list[t
     seq = 1
     with tempfile.TemporaryDirectory() as d:
         ki = KeyIndex(Path(d) / "keys.sqlite")
-        default, keyindex.PUT_ROWS = keyindex.PUT_ROWS, rows_per_statement
+        default, keyindex.INSERT_PARAMS = keyindex.INSERT_PARAMS, params_per_statement
         try:
             for op in ops:
                 if op[0] in ("put", "run"):
@@ -119,7 +120,7 @@ def test_the_written_index_is_what_the_operations_say_in_their_order(ops: list[t
             ki.commit(seq)
             assert rows_of(ki) == sorted((t, k, *v) for (t, k), v in model.items())
         finally:
-            keyindex.PUT_ROWS = default
+            keyindex.INSERT_PARAMS = default
             ki.close()
 
 
