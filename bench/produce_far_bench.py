@@ -2,11 +2,16 @@
 far-index row) against messages due within it, alternating on one daemon.
 
     .venv/bin/python -m bench.produce_far_bench [--n 200000] [--rounds 3]
+    .venv/bin/python -m bench.produce_far_bench --sustain 3000000 [--near] [--max-unwritten-far N]
 
 Batches of 1,000 msgpack messages (100-byte bodies) over 8 connections, fsync `always`; "near"
 messages are due in 1-2 hours, "far" ones in 3 days plus up to an hour. Prints, per round and as
 medians: messages a second, and the daemon's CPU a message (psutil, the whole process) with what
 the produce leaves to the next checkpoint (the far index's SQLite write, after the answers).
+
+`--sustain N`: N far messages (`--near`: near ones) produced as fast as the daemon takes them (a
+429's Retry-After honoured), the daemon's RSS sampled every 2 s: the sustained rate, the batches
+refused, the peak RSS and how long the graceful stop then takes (it writes what is left).
 """
 
 from __future__ import annotations
@@ -65,11 +70,69 @@ def settled_cpu_s(proc: psutil.Process) -> float:
     return c
 
 
+async def sustain_produce(url: str, proc: psutil.Process, n: int, delay_ms: int) -> tuple[float, int, int]:
+    """(msg/s, batches refused, peak RSS) for n messages due `delay_ms` plus up to an hour ahead."""
+    rng = random.Random(7)
+    left, refused, peak = n, 0, 0
+    async with aiohttp.ClientSession() as session:
+        async def worker() -> None:
+            nonlocal left, refused
+            while left > 0:
+                left -= 1000
+                data = msgpack.packb({"messages": [{"body": b"x" * 100, "delay_ms": delay_ms + rng.randint(0, HOUR_MS)}
+                                                   for _ in range(1000)]})
+                async with session.post(url + "/v1/topics/bench/messages", data=data,
+                                        headers={"Content-Type": "application/msgpack"}) as r:
+                    await r.read()
+                    if r.status == 429:
+                        refused += 1
+                        left += 1000
+                        await asyncio.sleep(float(r.headers.get("Retry-After", "1")))
+                    else:
+                        assert r.status == 200, r.status
+
+        async def sample() -> None:
+            nonlocal peak
+            while True:
+                await asyncio.sleep(2)
+                peak = max(peak, proc.memory_info().rss)
+                print(f"  RSS {proc.memory_info().rss / 1e6:.0f} MB, {n - left:,} sent", flush=True)
+        sampler = asyncio.create_task(sample())
+        t0 = time.perf_counter()
+        try:
+            await asyncio.gather(*(worker() for _ in range(8)))
+        finally:
+            sampler.cancel()
+        return n / (time.perf_counter() - t0), refused, max(peak, proc.memory_info().rss)
+
+
+def sustain(n: int, near: bool, max_unwritten_far: int | None) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        config = f"max_unwritten_far = {max_unwritten_far}\n" if max_unwritten_far else None
+        d = DaemonProcess(Path(tmp) / "data", config_text=config).start()
+        try:
+            rate, refused, peak = asyncio.run(sustain_produce(d.url, psutil.Process(d.proc.pid), n,
+                                                              DELAYS["near" if near else "far"]))
+            print(f"sustained {rate:,.0f} msg/s ({n:,} {'near' if near else 'far'} messages), {refused} batches "
+                  f"refused (429), peak RSS {peak / 1e6:.0f} MB", flush=True)
+        finally:
+            t = time.perf_counter()
+            d.stop(300)
+            print(f"graceful stop {time.perf_counter() - t:.1f} s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=200_000)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--sustain", type=int, default=0, metavar="N",
+                    help="instead: N messages as fast as taken, with RSS and refusals")
+    ap.add_argument("--near", action="store_true", help="with --sustain: messages due within the window")
+    ap.add_argument("--max-unwritten-far", type=int, help="with --sustain: the daemon's bound (default its own)")
     args = ap.parse_args()
+    if args.sustain:
+        sustain(args.sustain, args.near, args.max_unwritten_far)
+        return
     got: dict[str, list[tuple[float, float]]] = {kind: [] for kind in DELAYS}
     with tempfile.TemporaryDirectory() as tmp:
         d = DaemonProcess(Path(tmp) / "data").start()
