@@ -22,14 +22,10 @@ from pathlib import Path
 import psutil
 from delayd.client import AckResult, AsyncClient, AsyncConsumer, ReceivedMessage
 
+from bench.produce_keys_bench import cpu_s
 from tests.support.daemon import DaemonProcess
 
 MODES = {"coalesced": 1_000, "one request an ack": 1}
-
-
-def cpu_s(proc: psutil.Process) -> float:
-    t = proc.cpu_times()
-    return t.user + t.system
 
 
 async def drain(url: str, proc: psutil.Process, topic: str, n: int, concurrency: int,

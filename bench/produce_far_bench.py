@@ -23,11 +23,13 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import msgpack
 import psutil
 
+from bench.produce_keys_bench import Batch, cpu_s, sustain
 from tests.support.daemon import DaemonProcess
 
 HOUR_MS = 3_600_000
@@ -52,11 +54,6 @@ async def produce(url: str, n: int, delay_ms: int, seed: int) -> float:
         return n / (time.perf_counter() - t0)
 
 
-def cpu_s(proc: psutil.Process) -> float:
-    t = proc.cpu_times()
-    return t.user + t.system
-
-
 def settled_cpu_s(proc: psutil.Process) -> float:
     """The daemon's CPU once the checkpoint's index writes of a round are done: after SETTLE_S, and
     then until half a second passes with under 5 % of a core used (at most 60 s)."""
@@ -70,55 +67,11 @@ def settled_cpu_s(proc: psutil.Process) -> float:
     return c
 
 
-async def sustain_produce(url: str, proc: psutil.Process, n: int, delay_ms: int) -> tuple[float, int, int]:
-    """(msg/s, batches refused, peak RSS) for n messages due `delay_ms` plus up to an hour ahead."""
-    rng = random.Random(7)
-    left, refused, peak = n, 0, 0
-    async with aiohttp.ClientSession() as session:
-        async def worker() -> None:
-            nonlocal left, refused
-            while left > 0:
-                left -= 1000
-                data = msgpack.packb({"messages": [{"body": b"x" * 100, "delay_ms": delay_ms + rng.randint(0, HOUR_MS)}
-                                                   for _ in range(1000)]})
-                async with session.post(url + "/v1/topics/bench/messages", data=data,
-                                        headers={"Content-Type": "application/msgpack"}) as r:
-                    await r.read()
-                    if r.status == 429:
-                        refused += 1
-                        left += 1000
-                        await asyncio.sleep(float(r.headers.get("Retry-After", "1")))
-                    else:
-                        assert r.status == 200, r.status
-
-        async def sample() -> None:
-            nonlocal peak
-            while True:
-                await asyncio.sleep(2)
-                peak = max(peak, proc.memory_info().rss)
-                print(f"  RSS {proc.memory_info().rss / 1e6:.0f} MB, {n - left:,} sent", flush=True)
-        sampler = asyncio.create_task(sample())
-        t0 = time.perf_counter()
-        try:
-            await asyncio.gather(*(worker() for _ in range(8)))
-        finally:
-            sampler.cancel()
-        return n / (time.perf_counter() - t0), refused, max(peak, proc.memory_info().rss)
-
-
-def sustain(n: int, near: bool, max_unwritten_far: int | None) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        config = f"max_unwritten_far = {max_unwritten_far}\n" if max_unwritten_far else None
-        d = DaemonProcess(Path(tmp) / "data", config_text=config).start()
-        try:
-            rate, refused, peak = asyncio.run(sustain_produce(d.url, psutil.Process(d.proc.pid), n,
-                                                              DELAYS["near" if near else "far"]))
-            print(f"sustained {rate:,.0f} msg/s ({n:,} {'near' if near else 'far'} messages), {refused} batches "
-                  f"refused (429), peak RSS {peak / 1e6:.0f} MB", flush=True)
-        finally:
-            t = time.perf_counter()
-            d.stop(300)
-            print(f"graceful stop {time.perf_counter() - t:.1f} s")
+def due_in(delay_ms: int) -> Batch:
+    """Sustained requests of messages due `delay_ms` plus up to an hour ahead."""
+    def batch(rng: random.Random) -> list[dict[str, Any]]:
+        return [{"body": b"x" * 100, "delay_ms": delay_ms + rng.randint(0, HOUR_MS)} for _ in range(1000)]
+    return batch
 
 
 def main() -> None:
@@ -131,7 +84,9 @@ def main() -> None:
     ap.add_argument("--max-unwritten-far", type=int, help="with --sustain: the daemon's bound (default its own)")
     args = ap.parse_args()
     if args.sustain:
-        sustain(args.sustain, args.near, args.max_unwritten_far)
+        config = f"max_unwritten_far = {args.max_unwritten_far}\n" if args.max_unwritten_far else None
+        kind = "near" if args.near else "far"
+        sustain(args.sustain, 8, config, due_in(DELAYS[kind]), f"{kind} messages", stop_s=300)
         return
     got: dict[str, list[tuple[float, float]]] = {kind: [] for kind in DELAYS}
     with tempfile.TemporaryDirectory() as tmp:

@@ -23,7 +23,9 @@ import random
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import msgpack
@@ -75,18 +77,23 @@ def settled_cpu_s(proc: psutil.Process, idle_per_s: float) -> float:
     return c + max(0.0, cpu_s(proc) - c - idle_per_s * SETTLE_S)
 
 
-async def sustain_produce(url: str, n: int, connections: int) -> tuple[float, int]:
-    """(msg/s, batches refused) for n random-key messages."""
+Batch = Callable[[random.Random], list[dict[str, Any]]]  # the 1,000 messages of one sustained request
+
+
+def random_keyed(rng: random.Random) -> list[dict[str, Any]]:
+    return [{"body": b"x" * 100, "delay_ms": 3_600_000, "key": f"{rng.getrandbits(64):016x}"} for _ in range(1000)]
+
+
+async def sustain_produce(url: str, n: int, connections: int, batch: Batch) -> tuple[float, int]:
+    """(msg/s, batches refused) for n messages, `batch` making each request's 1,000."""
     rng = random.Random(7)
-    body = b"x" * 100
     left, refused = n, 0
     async with aiohttp.ClientSession() as session:
         async def worker() -> None:
             nonlocal left, refused
             while left > 0:
                 left -= 1000
-                msgs = [{"body": body, "delay_ms": 3_600_000, "key": f"{rng.getrandbits(64):016x}"} for _ in range(1000)]
-                async with session.post(url + "/v1/topics/bench/messages", data=msgpack.packb({"messages": msgs}),
+                async with session.post(url + "/v1/topics/bench/messages", data=msgpack.packb({"messages": batch(rng)}),
                                         headers={"Content-Type": "application/msgpack"}) as r:
                     await r.read()
                     if r.status == 429:
@@ -100,10 +107,11 @@ async def sustain_produce(url: str, n: int, connections: int) -> tuple[float, in
         return n / (time.perf_counter() - t0), refused
 
 
-def sustain(n: int, connections: int, max_unwritten_keys: int | None) -> None:
+def sustain(n: int, connections: int, config_text: str | None, batch: Batch, what: str, stop_s: float = 120) -> None:
+    """`--sustain`: n messages (`what` names them) produced as fast as a daemon with `config_text`
+    takes them, its RSS sampled every 2 s; then the graceful stop timed."""
     with tempfile.TemporaryDirectory() as tmp:
-        config = f"max_unwritten_keys = {max_unwritten_keys}\n" if max_unwritten_keys else None
-        d = DaemonProcess(Path(tmp) / "data", config_text=config).start()
+        d = DaemonProcess(Path(tmp) / "data", config_text=config_text).start()
         try:
             proc = psutil.Process(d.proc.pid)
             peak = [0]
@@ -117,18 +125,18 @@ def sustain(n: int, connections: int, max_unwritten_keys: int | None) -> None:
                         print(f"  RSS {rss / 1e6:.0f} MB, CPU {cpu_s(proc):.1f} s", flush=True)
                 task = asyncio.create_task(sample())
                 try:
-                    return await sustain_produce(d.url, n, connections)
+                    return await sustain_produce(d.url, n, connections, batch)
                 finally:
                     task.cancel()
 
             rate, refused = asyncio.run(sampled())
             peak[0] = max(peak[0], proc.memory_info().rss)  # (a run shorter than a sample too)
             c = cpu_s(proc)
-            print(f"sustained {rate:,.0f} msg/s ({n:,} random keys), {refused} batches refused (429), "
+            print(f"sustained {rate:,.0f} msg/s ({n:,} {what}), {refused} batches refused (429), "
                   f"peak RSS {peak[0] / 1e6:.0f} MB, daemon CPU {c / n * 1e6:.2f} us a message so far", flush=True)
         finally:
             t = time.perf_counter()
-            d.stop(120)
+            d.stop(stop_s)
             print(f"graceful stop {time.perf_counter() - t:.1f} s")
 
 
@@ -144,7 +152,8 @@ def main() -> None:
                     help="keys in no order (like UUIDs) instead of order-<round>-<batch>-<i>, which arrive sorted")
     args = ap.parse_args()
     if args.sustain:
-        sustain(args.sustain, args.connections, args.max_unwritten_keys)
+        config = f"max_unwritten_keys = {args.max_unwritten_keys}\n" if args.max_unwritten_keys else None
+        sustain(args.sustain, args.connections, config, random_keyed, "random keys")
         return
     with tempfile.TemporaryDirectory() as tmp:
         d = DaemonProcess(Path(tmp) / "data").start()
