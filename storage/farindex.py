@@ -104,12 +104,10 @@ class FarIndex:
 
     # -- writes (queued) ------------------------------------------------------------------------
     def put(self, deliver_at: int, seq: int, topic_hash: int) -> None:
-        row = (deliver_at, seq, topic_hash)
-        self._ops.append(("put", row))
-        self._current[seq] = row
+        self.put_many([(deliver_at, seq, topic_hash)])
 
     def put_many(self, rows: Iterable[Row]) -> None:
-        """`put` for each (deliver_at, seq, topic_hash) row, in order."""
+        """The message of each (deliver_at, seq, topic_hash) row is parked far, in order."""
         rows = list(rows)
         self._ops.extend(zip(repeat("put"), rows))
         self._current.update(zip(map(itemgetter(1), rows), rows, strict=True))

@@ -139,16 +139,12 @@ class Indexer:
         return IndexResult(i, b"".join(late), blocked)
 
     def _parked_far(self, far: bytes) -> None:
-        """What `_apply` does for messages the compiled core parked far (FarRows): their hourly
-        counts and their far-index rows."""
-        rows = list(batch.FAR.iter_unpack(far))
-        hours: dict[int, int] = {}
-        for deliver_at, _seq, _th in rows:
-            h = deliver_at // HOUR_MS
-            hours[h] = hours.get(h, 0) + 1
-        for h, n in hours.items():
-            self.schedule.add_far(h * HOUR_MS, n)
-        self.far.put_many(rows)
+        """`_apply` for the messages the compiled core parked far (FarRows): their hourly counts
+        and their far-index rows, as `_entry_for` counts one."""
+        counts = _Counts(far_put=list(batch.FAR.iter_unpack(far)))
+        for deliver_at, _seq, _th in counts.far_put:
+            counts.add_far(deliver_at, 1)
+        self._apply(counts)
 
     def _one(self, rec: Record, now_ms: int, late: list[bytes]) -> object | None:
         """Index one record the compiled core does not take; BLOCKED when its unit would
@@ -184,8 +180,8 @@ class Indexer:
                 self.schedule.add_far(h * HOUR_MS, n)
         for topic, n in counts.scheduled.items():
             self.counters.add(topic, Count.SCHEDULED, n)
-        for deliver_at, seq, th in counts.far_put:
-            self.far.put(deliver_at, seq, th)
+        if counts.far_put:
+            self.far.put_many(counts.far_put)
         for deliver_at, seq in counts.far_gone:
             self.far.remove(deliver_at, seq)
 
