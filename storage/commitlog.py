@@ -439,7 +439,7 @@ class CommitLog:
     """Segmented append-only record log. Offsets are global byte offsets."""
 
     def __init__(self, directory: Path, segment_bytes: int = 64 * 1024 * 1024, *, readonly: bool = False) -> None:
-        self.files = SegmentedFile(Path(directory), segment_bytes, readonly=readonly)
+        self.files = SegmentedFile(Path(directory), segment_bytes, readonly=readonly, checkpoint_taker=True)
 
     @property
     def start(self) -> int:

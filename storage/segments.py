@@ -236,7 +236,7 @@ class SegmentedFile:
     """
 
     def __init__(self, directory: Path, segment_bytes: int, *, unit: int = 1, fmt: SegmentFormat | None = None,
-                 readonly: bool = False) -> None:
+                 readonly: bool = False, checkpoint_taker: bool = False) -> None:
         if segment_bytes % unit:
             raise ValueError(f"segment_bytes {segment_bytes} is not a multiple of the unit size {unit}")
         self.directory = Path(directory)
@@ -253,7 +253,13 @@ class SegmentedFile:
         self._read_fds: dict[int, int] = {}
         self._maps: dict[int, mmap.mmap] = {}  # segment base -> read-only mapping, least recently used first
         self._viewed: set[int] = set()  # segments viewed since the last unmap_idle
+        # Segments written and not yet handed out for an fsync, per taker: `dirty_handles` (the
+        # group commit's, `flush`) and, with `checkpoint_taker`, `checkpoint_handles` (a
+        # checkpoint's fsync, in another thread). Each takes only its own: a checkpoint that took
+        # a segment must not leave the group commit with nothing to fsync for an append it has to
+        # make durable before answering.
         self._dirty: set[int] = set()
+        self._dirty_cp: set[int] | None = set() if checkpoint_taker else None
         for b in self._bases:
             if fmt is None:
                 self._hdr[b], self._sizes[b] = 0, os.path.getsize(self._path(b))
@@ -347,7 +353,7 @@ class SegmentedFile:
         base = self.end
         self._create(base)  # first: if it fails (no descriptors, no space), nothing changed
         os.fsync(self._write_fd)
-        self._dirty.discard(self._write_base)
+        self._synced(self._write_base)
         os.close(self._write_fd)
         self._sizes[self._write_base] = self._write_size
         self._bases.append(base)
@@ -376,7 +382,7 @@ class SegmentedFile:
                 raise DiskFull(str(e)) from e
             raise
         self._write_size += n
-        self._dirty.add(self._write_base)
+        self._written(self._write_base)
         return offset
 
     def write_at(self, offset: int, data: bytes) -> None:
@@ -393,7 +399,17 @@ class SegmentedFile:
                 os.pwrite(fd, data, at)
             finally:
                 os.close(fd)
+        self._written(base)
+
+    def _written(self, base: int) -> None:
         self._dirty.add(base)
+        if self._dirty_cp is not None:
+            self._dirty_cp.add(base)
+
+    def _synced(self, base: int) -> None:
+        self._dirty.discard(base)
+        if self._dirty_cp is not None:
+            self._dirty_cp.discard(base)
 
     def mark_dirty(self) -> None:
         """After a failed fsync of `dirty_handles()`: the next call returns the segment being
@@ -401,11 +417,17 @@ class SegmentedFile:
         self._dirty.add(self._write_base)
 
     def mark_all_dirty(self) -> None:
-        """Every segment counts as written: the next fsync covers them all."""
+        """Every segment counts as written: the next fsync of each taker covers them all."""
         self._dirty.update(self._bases)
+        if self._dirty_cp is not None:
+            self._dirty_cp.update(self._bases)
 
     def flush(self) -> None:
-        """fsync every segment written since the last flush."""
+        """fsync every segment written since the last flush (and since the last checkpoint's
+        take: after a flush, neither taker has anything left to fsync)."""
+        if self._dirty_cp is not None:
+            self._dirty |= self._dirty_cp
+            self._dirty_cp.clear()
         fsync_all(self.dirty_handles())
 
     def sync_in_place(self) -> None:
@@ -431,9 +453,18 @@ class SegmentedFile:
     def dirty_handles(self) -> list[int]:
         """Duplicated fds of the segments written since the last call, for `fsync_all` in
         another thread: a segment rolled meanwhile cannot close them under the fsync."""
+        return self._take(self._dirty)
+
+    def checkpoint_handles(self) -> list[int]:
+        """`dirty_handles` of a checkpoint: the segments written since the checkpoint's last take,
+        leaving the group commit's own (`dirty_handles`) as they are. Without `checkpoint_taker`,
+        the one taker's."""
+        return self._take(self._dirty if self._dirty_cp is None else self._dirty_cp)
+
+    def _take(self, dirty: set[int]) -> list[int]:
         fds: list[int] = []
         try:
-            for base in sorted(self._dirty):
+            for base in sorted(dirty):
                 if base == self._write_base:
                     fds.append(os.dup(self._write_fd))
                 elif base in self._bases:
@@ -442,7 +473,7 @@ class SegmentedFile:
             for fd in fds:
                 os.close(fd)
             raise
-        self._dirty.clear()
+        dirty.clear()
         return fds
 
     def truncate(self, offset: int, why: str = "") -> int:
@@ -503,7 +534,7 @@ class SegmentedFile:
             self._path(b).unlink(missing_ok=True)
             self._sizes.pop(b, None)
             self._hdr.pop(b, None)
-            self._dirty.discard(b)
+            self._synced(b)
             gone.append(b)
         return gone
 

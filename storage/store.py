@@ -365,7 +365,7 @@ class Store:
         what must reach the disk before the snapshot may be written."""
         fds: list[int] = []
         try:
-            fds += self.commit.files.dirty_handles()
+            fds += self.commit.files.checkpoint_handles()  # leaves the group commit its own
             fds += self.timers.log.files.dirty_handles()
             fds += self.msgs.dirty_handles()
             fds += self.ready.dirty_handles()

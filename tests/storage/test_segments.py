@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from delayd.storage.errors import DiskFull, OffsetOutOfRange
-from delayd.storage.segments import MAP_KEEP, SegmentedFile, SegmentFormat, segment_name
+from delayd.storage.segments import MAP_KEEP, SegmentedFile, SegmentFormat, fsync_all, segment_name
 
 _FMT = SegmentFormat("view test", b"DLVIEWT\xff", 2, 1, legacy=lambda first: False)
 
@@ -161,6 +161,41 @@ def test_flush_fsyncs_closed_segments_written_through_write_at(tmp_path: Path) -
     f.write_at(0, b"Z")
     f.flush()
     assert (tmp_path / "s" / segment_name(0)).read_bytes() == b"Zaaa"
+    f.close()
+
+
+def test_the_checkpoint_and_the_group_commit_each_take_their_own_dirty_segments(tmp_path: Path) -> None:
+    f = SegmentedFile(tmp_path / "s", 8, checkpoint_taker=True)
+    f.append(b"aaaaaaaa")
+    f.append(b"bb")  # rolled: segment 0 was fsynced then, only segment 8 is dirty
+    inode = os.stat(tmp_path / "s" / segment_name(8)).st_ino
+
+    def taken(fds: list[int]) -> list[int]:
+        inodes = [os.fstat(fd).st_ino for fd in fds]
+        fsync_all(fds)
+        return inodes
+
+    assert taken(f.checkpoint_handles()) == [inode]
+    assert taken(f.dirty_handles()) == [inode]  # the checkpoint's take left the group commit its own
+    assert f.dirty_handles() == [] and f.checkpoint_handles() == []
+    f.append(b"cc")
+    assert taken(f.dirty_handles()) == [inode]
+    assert taken(f.checkpoint_handles()) == [inode]  # and the other way round
+    f.append(b"dd")
+    f.flush()  # fsyncs for both
+    assert f.dirty_handles() == [] and f.checkpoint_handles() == []
+    f.mark_all_dirty()  # a failed checkpoint: everything again, for both
+    assert len(taken(f.checkpoint_handles())) == 2 and len(taken(f.dirty_handles())) == 2
+    f.close()
+
+
+def test_without_a_checkpoint_taker_both_takes_share_one_set(tmp_path: Path) -> None:
+    f = SegmentedFile(tmp_path / "s", 8)
+    f.append(b"aaaa")
+    fds = f.checkpoint_handles()
+    assert len(fds) == 1
+    fsync_all(fds)
+    assert f.dirty_handles() == []
     f.close()
 
 

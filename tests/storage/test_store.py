@@ -24,6 +24,7 @@ from delayd.storage.msgtable import MessageState
 from delayd.storage.readyqueue import tag_hash
 from delayd.storage.recovery import RecoveryReport
 from delayd.storage.recovery import open_store as open_data_dir
+from delayd.storage.segments import fsync_all, segment_name
 from delayd.storage.store import Due, NewMessage, Store, StoreConfig
 from delayd.storage.timerlog import Unit, UnitMagic
 from hypothesis import HealthCheck, given, settings
@@ -197,6 +198,28 @@ def test_checkpoint_and_recover(tmp_path: Path, clock: list[int]) -> None:
     drain(drv, T0 + 500)
     assert sorted(delivered_seqs(s)) == list(range(1, 21))
     assert s.scheduled == 0
+    s.close()
+
+
+def test_a_checkpoint_in_flight_leaves_the_group_commit_its_fsync(tmp_path: Path, clock: list[int]) -> None:
+    """The group commit answers a produce once an fsync that started after the append is done.
+    A checkpoint collects the commit log's segments for its own fsync (in a worker thread, still
+    running, or failing, meanwhile): had it taken them from the group commit, the next round
+    found nothing to fsync and answered at once - acknowledged, not yet durable."""
+    s = open_store(tmp_path, clock)
+    s.checkpoint(T0, {})
+    s.append_messages([NewMessage("t", b"x", T0 + 1_000)], T0)
+    segment = os.stat(tmp_path / "commitlog" / segment_name(0)).st_ino
+    pending = s.prepare_checkpoint(T0, {})
+    fds = s.commit_handles()
+    inodes = [os.fstat(fd).st_ino for fd in fds]
+    fsync_all(fds)
+    assert inodes == [segment]
+    assert s.commit_handles() == []  # that round took it
+    s.checkpoint_failed(pending)  # the checkpoint's fsync failed: both fsync everything again
+    fds = s.commit_handles()
+    assert [os.fstat(fd).st_ino for fd in fds] == [segment]
+    fsync_all(fds)
     s.close()
 
 
