@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 from bench.harness import (
     Bodies,
     CpuWindow,
+    gc_paused,
     lateness_shape,
     lateness_summary,
     log,
@@ -193,26 +194,27 @@ class Accuracy(Workload):
         pairs: list[tuple[int, float]] = []
         seen: set[Any] = set()
         dups = 0
-        async with peer.producer(ctx.connections) as prod, peer.consumer(topic, group) as cons:
+        with gc_paused():
+            async with peer.producer(ctx.connections) as prod, peer.consumer(topic, group) as cons:
 
-            async def consume() -> None:
-                nonlocal dups
-                while len(seen) < n:
-                    recv, msgs = await cons.receive()
-                    for mid, due in msgs:
-                        lat.append(recv - due)
-                        pairs.append((due, recv - due))
-                        if mid in seen:
-                            dups += 1
-                        seen.add(mid)
+                async def consume() -> None:
+                    nonlocal dups
+                    while len(seen) < n:
+                        recv, msgs = await cons.receive()
+                        for mid, due in msgs:
+                            lat.append(recv - due)
+                            pairs.append((due, recv - due))
+                            if mid in seen:
+                                dups += 1
+                            seen.add(mid)
 
-            consumer = asyncio.create_task(consume())
-            t_prod = time.perf_counter()
-            await fill(ctx, prod, topic, n, Delay(self.delay_lo_ms, self.delay_hi_ms))
-            produce_s = time.perf_counter() - t_prod
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(consumer, ctx.timeout(40, 0))
-            settled = await cons.finish()
+                consumer = asyncio.create_task(consume())
+                t_prod = time.perf_counter()
+                await fill(ctx, prod, topic, n, Delay(self.delay_lo_ms, self.delay_hi_ms))
+                produce_s = time.perf_counter() - t_prod
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(consumer, ctx.timeout(40, 0))
+                settled = await cons.finish()
         res = {
             "messages": n,
             "received": len(seen),
@@ -375,7 +377,7 @@ class Burst(Workload):
             while now_ms() < t_due - 300:
                 await asyncio.sleep(0.05)
             peer.profile_phase("burst-drain")
-            with CpuWindow(peer.meter) as drain_cpu:
+            with gc_paused(), CpuWindow(peer.meter) as drain_cpu:
                 deadline = time.monotonic() + ctx.timeout(30, m, 10_000) + max(0, (t_due - now_ms()) / 1000)
                 while len(seen) < m and time.monotonic() < deadline:
                     recv, msgs = await cons.receive()
