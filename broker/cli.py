@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import ipaddress
 import logging
 import os
@@ -88,6 +89,12 @@ async def serve(cfg: Config, clock: Clock | None = None) -> int:
         async def start_when_recovered() -> None:
             assert recovery is not None
             await recovery
+            # What start-up and recovery built (modules, configuration, the recovered structures)
+            # lives as long as the process: out of the collector's sight (gc.freeze), a full
+            # collection walks only what came after - each walked ~40,000 objects for 40 ms on
+            # 2 cores, on the event loop, while deliveries waited.
+            gc.collect()
+            gc.freeze()
             broker.start_pipeline()  # with replication: the enqueue side only, until elected
             if broker.repl is not None:
                 await broker.repl.start()
