@@ -25,11 +25,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import msgpack
 import psutil
 
-from bench.produce_keys_bench import Batch, cpu_s, sustain
+from bench.produce_keys_bench import Batch, cpu_s, post_batches, sustain
 from tests.support.daemon import DaemonProcess
 
 HOUR_MS = 3_600_000
@@ -39,19 +38,8 @@ SETTLE_S = 2.5  # two checkpoints and a half, at least
 
 async def produce(url: str, n: int, delay_ms: int, seed: int) -> float:
     rng = random.Random(seed)
-    batches = [msgpack.packb({"messages": [{"body": b"x" * 100, "delay_ms": delay_ms + rng.randint(0, HOUR_MS)}
-                                           for _ in range(1000)]}) for _ in range(n // 1000)]
-    async with aiohttp.ClientSession() as session:
-        async def worker() -> None:
-            while batches:
-                data = batches.pop()
-                async with session.post(url + "/v1/topics/bench/messages", data=data,
-                                        headers={"Content-Type": "application/msgpack"}) as r:
-                    assert r.status == 200, await r.text()
-                    await r.read()
-        t0 = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(8)))
-        return n / (time.perf_counter() - t0)
+    batch = due_in(delay_ms)
+    return await post_batches(url, [msgpack.packb({"messages": batch(rng)}) for _ in range(n // 1000)], 8)
 
 
 def settled_cpu_s(proc: psutil.Process) -> float:
