@@ -89,7 +89,7 @@ class ReadyQueue:
 
     def __init__(self, directory: Path, segment_units: int = 1 << 18, *, readonly: bool = False) -> None:
         self.files = SegmentedFile(Path(directory), segment_units * UNIT_SIZE, unit=UNIT_SIZE, fmt=READY_FORMAT,
-                                   readonly=readonly)
+                                   readonly=readonly, sync_on_roll=False)  # durable at checkpoints
         tail = self.files.end % UNIT_SIZE
         if tail and not readonly:
             self.files.truncate(self.files.end - tail, "ready queue: torn unit")

@@ -3,8 +3,9 @@
 Each segment is named by the 20-digit global offset of its first data byte, so a directory
 listing is the index: ``00000000000000000000``, ``00000000000067108864``, ...
 A write never spans two segments: when the next chunk does not fit, the current segment is
-fsynced and closed and a new one starts at the current end offset. There is no filler; a
-segment simply ends where its last chunk ends.
+closed and a new one starts at the current end offset. There is no filler; a segment simply ends
+where its last chunk ends. The closed segment is fsynced then (the commit log), or, for files
+durable at checkpoints (TimerLog, ready queues: `sync_on_roll=False`), by the next checkpoint.
 
 Segments of fixed-size units (TimerLog, ready queues, message table) start with a header that
 is *not* part of the global offset space: data offset `o` of the segment at `base` lives at file
@@ -236,7 +237,7 @@ class SegmentedFile:
     """
 
     def __init__(self, directory: Path, segment_bytes: int, *, unit: int = 1, fmt: SegmentFormat | None = None,
-                 readonly: bool = False, checkpoint_taker: bool = False) -> None:
+                 readonly: bool = False, checkpoint_taker: bool = False, sync_on_roll: bool = True) -> None:
         if segment_bytes % unit:
             raise ValueError(f"segment_bytes {segment_bytes} is not a multiple of the unit size {unit}")
         self.directory = Path(directory)
@@ -260,6 +261,10 @@ class SegmentedFile:
         # make durable before answering.
         self._dirty: set[int] = set()
         self._dirty_cp: set[int] | None = set() if checkpoint_taker else None
+        # A roll fsyncs the segment it closes (the commit log: recovery trusts a closed
+        # segment). Without `sync_on_roll` (derived files, durable at checkpoints) the closed
+        # segment stays dirty for the next taker, and the roll costs the writer no fsync of it.
+        self.sync_on_roll = sync_on_roll
         for b in self._bases:
             if fmt is None:
                 self._hdr[b], self._sizes[b] = 0, os.path.getsize(self._path(b))
@@ -346,14 +351,16 @@ class SegmentedFile:
             raise PermissionError(f"{self.directory} is open read-only")
 
     def roll(self) -> None:
-        """Close the current segment (fsynced) and start a new one at the current end."""
+        """Close the current segment (fsynced, with `sync_on_roll`; else left to the next
+        `dirty_handles`) and start a new one at the current end (its header fsynced)."""
         self._writable()
         if self._write_size == 0:
             return
         base = self.end
         self._create(base)  # first: if it fails (no descriptors, no space), nothing changed
-        os.fsync(self._write_fd)
-        self._synced(self._write_base)
+        if self.sync_on_roll:
+            os.fsync(self._write_fd)
+            self._synced(self._write_base)
         os.close(self._write_fd)
         self._sizes[self._write_base] = self._write_size
         self._bases.append(base)

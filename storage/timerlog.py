@@ -99,7 +99,7 @@ class TimerLog:
 
     def __init__(self, directory: Path, segment_units: int = 1 << 20, *, readonly: bool = False) -> None:
         self.files = SegmentedFile(Path(directory), segment_units * UNIT_SIZE, unit=UNIT_SIZE, fmt=TIMERLOG_FORMAT,
-                                   readonly=readonly)
+                                   readonly=readonly, sync_on_roll=False)  # durable at checkpoints
 
     def cut_torn_tail(self) -> int:
         """Cut a torn unit (an interrupted write) off the end; returns the bytes cut. Recovery

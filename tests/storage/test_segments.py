@@ -199,6 +199,35 @@ def test_without_a_checkpoint_taker_both_takes_share_one_set(tmp_path: Path) -> 
     f.close()
 
 
+def test_a_roll_fsyncs_the_closed_segment_only_with_sync_on_roll(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The commit log's roll fsyncs the segment it closes (recovery trusts a closed segment);
+    a derived file's (TimerLog, ready queues) leaves it dirty for the next checkpoint, so the
+    writer - the event loop - does not wait for a segment's worth of dirty pages."""
+    synced: list[int] = []
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.fstat(fd).st_ino)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    for sync_on_roll in (True, False):
+        d = tmp_path / f"s{sync_on_roll}"
+        f = SegmentedFile(d, 8, sync_on_roll=sync_on_roll)
+        f.append(b"aaaaaaaa")
+        first = os.stat(d / segment_name(0)).st_ino
+        synced.clear()
+        f.append(b"bb")  # rolls
+        assert (first in synced) is sync_on_roll
+        fds = f.dirty_handles()
+        inodes = [os.fstat(fd).st_ino for fd in fds]
+        fsync_all(fds)
+        assert (first in inodes) is not sync_on_roll  # else the next checkpoint fsyncs it
+        assert f.dirty_handles() == []
+        f.close()
+
+
 def test_failed_write_leaves_no_partial_chunk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     f = SegmentedFile(tmp_path / "s", 100)
     f.append(b"keep")

@@ -24,7 +24,7 @@ from delayd.storage.msgtable import MessageState
 from delayd.storage.readyqueue import tag_hash
 from delayd.storage.recovery import RecoveryReport
 from delayd.storage.recovery import open_store as open_data_dir
-from delayd.storage.segments import fsync_all, segment_name
+from delayd.storage.segments import fsync_all, list_segments, segment_name
 from delayd.storage.store import Due, NewMessage, Store, StoreConfig
 from delayd.storage.timerlog import Unit, UnitMagic
 from hypothesis import HealthCheck, given, settings
@@ -220,6 +220,26 @@ def test_a_checkpoint_in_flight_leaves_the_group_commit_its_fsync(tmp_path: Path
     fds = s.commit_handles()
     assert [os.fstat(fd).st_ino for fd in fds] == [segment]
     fsync_all(fds)
+    s.close()
+
+
+def test_the_segments_a_roll_closes_in_derived_files_are_fsynced_by_the_next_checkpoint(
+        tmp_path: Path, clock: list[int]) -> None:
+    """A TimerLog or ready-queue roll does not fsync the segment it closes (5-140 ms on the event
+    loop, a second of units since the last checkpoint): that segment stays dirty, and the next
+    checkpoint fsyncs it before it vouches for it."""
+    s = open_store(tmp_path, clock)
+    s.checkpoint(T0, {})
+    s.append_messages([NewMessage("t", b"x", T0 + 20 + i) for i in range(40)], T0)  # 40 units: 3 TimerLog segments
+    Driver(s, clock).advance(200, tick=9, checkpoint_every_ms=10_000)  # all released: 5 ready-queue segments
+    closed = [d / segment_name(b) for d in (tmp_path / "timerlog", tmp_path / "ready" / "t")
+              for b in list_segments(d)[:-1]]
+    assert len(closed) >= 2 + 4
+    pending = s.prepare_checkpoint(clock[0], {})
+    taken = {os.fstat(fd).st_ino for fd in pending.fds} | {os.stat(p).st_ino for p in pending.paths}
+    assert {os.stat(p).st_ino for p in closed} <= taken
+    s.finish_checkpoint(pending)
+    s.checkpoint_saved(pending)
     s.close()
 
 
