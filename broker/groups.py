@@ -491,19 +491,18 @@ class Groups:
         indexes, token_ids, tokens = parsed
         if len(tokens) != 1 or not indexes:
             return None
-        idx = array("Q", indexes)
-        if array("I", token_ids).count(0) != len(idx):  # a receipt batch_core left to parse_receipt
+        if token_ids != bytes(len(token_ids)):  # a receipt batch_core left to parse_receipt (token 0: the one)
             return None
+        acked = array("Q", indexes).tolist()  # one int object per index, for every step below
         leases = g.leases
-        got = list(map(leases.get, idx))
+        got = list(map(leases.get, acked))
         lease = got[0]
         if lease is None or lease.token != tokens[0] or lease.deadline_ms <= now or got.count(lease) != len(got):
             return None
-        if len(set(idx)) != len(idx):
+        if len(set(acked)) != len(acked):
             return None  # an index twice: the second is stale
-        collections.deque(map(leases.pop, idx), 0)
-        lease.out -= len(idx)
-        acked = idx.tolist()
+        collections.deque(map(leases.pop, acked), 0)
+        lease.out -= len(acked)
         g.mark_done_many(acked)
         g.acked_total += len(acked)
         self.log_event(g.topic, g.name, {"op": "ack", "idx": acked})

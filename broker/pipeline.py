@@ -45,7 +45,7 @@ log = logging.getLogger("delayd.pipeline")
 
 RETRY_S = 0.5  # a stage that cannot write (disk full, no descriptors) retries this often
 RELEASE_BATCH = 4096  # messages released per event-loop turn
-RESOLVE_CHUNK = 256  # units resolved per event-loop turn (a big slot must not stall releases)
+RESOLVE_CHUNK = 1024  # units resolved per event-loop turn (a big slot must not stall releases)
 CARRY_POLL_S = 0.1  # a follower looks this often whether its primary's cursor moved
 DRAIN_TIMEOUT_S = 5.0
 TRANSIENT = (DiskFull, OutOfDescriptors, OSError)  # caught by the stages; `transient` says which to retry

@@ -92,7 +92,10 @@ class Broker:
         self.committer: GroupCommit | None = None
         self.recovery_seconds = 0.0
         self.recovery_line = ""
-        self.lateness: deque[int] = deque(maxlen=LATENESS_SAMPLE)
+        # The lateness of the last LATENESS_SAMPLE released messages, as the batch core's packed
+        # i64 chunks (one per release batch, the oldest dropped once the rest hold the sample).
+        self.lateness: deque[bytes] = deque()
+        self._lateness_n = 0
         # metrics hooks: objects with on_release(released, now) and on_push(topic, group, outcome, seconds)
         self.listeners: list[Any] = []
         self.fsync_listeners: list[Callable[[float], None]] = []  # each commit-log fsync's seconds
@@ -686,9 +689,13 @@ class Broker:
         """A release batch: wake the topics' consumers and push workers, keep the lateness
         sample (the units' release time minus their due time, computed by the batch core)."""
         assert self.groups is not None
+        sample = self.lateness
         for topic, _first, units in released.batches:
-            self.lateness.extend(array("q", batch.ops.lateness(units[-READY_UNIT * LATENESS_SAMPLE:], READY_UNIT,
-                                                                 UNIT_DELIVER_AT, now)))
+            chunk = batch.ops.lateness(units[-READY_UNIT * LATENESS_SAMPLE:], READY_UNIT, UNIT_DELIVER_AT, now)
+            sample.append(chunk)
+            self._lateness_n += len(chunk) // 8
+            while self._lateness_n - len(sample[0]) // 8 >= LATENESS_SAMPLE:
+                self._lateness_n -= len(sample.popleft()) // 8
             self.groups.notify(topic)
         for listener in self.listeners:
             listener.on_release(released, now)
@@ -703,9 +710,9 @@ class Broker:
 
     # ---------------------------------------------------------------------------------- observe
     def lateness_summary(self) -> dict[str, int]:
-        if not self.lateness:
+        xs = sorted(array("q", b"".join(self.lateness))[-LATENESS_SAMPLE:])
+        if not xs:
             return {"p50": 0, "p99": 0, "max": 0}
-        xs = sorted(self.lateness)
         return {"p50": xs[len(xs) // 2], "p99": xs[min(len(xs) - 1, int(len(xs) * 0.99))], "max": xs[-1]}
 
     def stats(self) -> dict[str, Any]:
