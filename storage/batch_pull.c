@@ -129,6 +129,12 @@ static uint8_t *mp_bin(uint8_t *p, const uint8_t *s, size_t n) {
     return p + n;
 }
 
+/* Rows ahead whose record encode_pull asks the cache for (a 1,000-message pull of a burst's
+ * records, scattered over 165 MB of log, in process: 790-818 us without, 693-697 us with 8). */
+#ifndef PULL_PREFETCH
+#define PULL_PREFETCH 8
+#endif
+
 /* The fields of a pulled message, in the order of the answer; bit k of `fields` keeps field k. */
 enum { F_ID = 1, F_RECEIPT = 2, F_TOPIC = 4, F_KEY = 8, F_TAG = 16, F_HEADERS = 32, F_BODY = 64,
        F_DELIVER_AT = 128, F_DELIVERED_AT = 256, F_ATTEMPT = 512, F_ALL = 1023 };
@@ -197,6 +203,19 @@ PyObject *encode_pull(PyObject *self, PyObject *args) {
     o.n = 16;  /* room for the map and array headers, written last */
     for (Py_ssize_t i = 0; i < n; i++) {
         const uint8_t *row = (const uint8_t *)rb.view.buf + i * PROW;
+        if (i + PULL_PREFETCH < n) {
+            /* A burst's records lie all over the log (released in deliver_at order): ask for the
+             * record a few rows ahead now, so its cache and TLB misses overlap this one's work. */
+            const uint8_t *ahead = row + PULL_PREFETCH * PROW;
+            int64_t aoff = rdi64(ahead);
+            uint32_t asize = rd32(ahead + 8);
+            Read *ard = find_read(reads, nreads, aoff, asize < RECORD_HEADER ? RECORD_HEADER : asize);
+            if (ard) {
+                const uint8_t *a = (const uint8_t *)ard->b.view.buf + (aoff - ard->start);
+                __builtin_prefetch(a);
+                if (asize > 64) __builtin_prefetch(a + 64);
+            }
+        }
         int64_t off = rdi64(row);
         uint32_t size = rd32(row + 8);
         uint32_t token = rd32(row + 52);
@@ -232,7 +251,8 @@ PyObject *encode_pull(PyObject *self, PyObject *args) {
         if (!p) goto done;
         uint8_t *q = p;
         *q++ = (uint8_t)(0x80 | nfields);  /* a map of at most 10 */
-        char *idbuf = PyMem_Malloc(rcl);
+        char small[256];  /* the id and receipt; a longer node id takes the heap */
+        char *idbuf = rcl <= sizeof small ? small : PyMem_Malloc(rcl);
         if (!idbuf) { PyErr_NoMemory(); goto done; }
         memcpy(idbuf, prefix, plen);
         memcpy(idbuf + plen, hexseq, sl);
@@ -242,7 +262,7 @@ PyObject *encode_pull(PyObject *self, PyObject *args) {
         memcpy(idbuf + idl + 2 + il, tok[token], (size_t)toklen[token]);
         if (fields & F_ID) { q = mp_fixstr(q, "id"); q = mp_str(q, idbuf, (Py_ssize_t)idl); }
         if (fields & F_RECEIPT) { q = mp_fixstr(q, "receipt"); q = mp_str(q, idbuf, (Py_ssize_t)rcl); }
-        PyMem_Free(idbuf);
+        if (idbuf != small) PyMem_Free(idbuf);
         if (fields & F_TOPIC) { q = mp_fixstr(q, "topic"); q = mp_str(q, (const char *)topic, (Py_ssize_t)tl); }
         if (fields & F_KEY) {
             q = mp_fixstr(q, "key");
