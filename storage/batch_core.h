@@ -9,6 +9,7 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -88,6 +89,23 @@ static inline uint32_t tag_hash(const uint8_t *tag, size_t n) {
     uint32_t h = crc32_update(0, tag, n);
     return h ? h : 1;
 }
+
+/* ------------------------------------------------------------------------------------------ */
+/* sorting rows (batch_util.c)                                                                 */
+
+/* One u64 field of a row that rows sort by, at byte `at`; `is_signed`: compared as int64. */
+typedef struct {
+    size_t at;
+    int is_signed;
+} SortKey;
+
+/* Sort n rows of w bytes (w <= 64) in place into the order `cmp` gives, which must be a total
+ * order that agrees with the keys (most significant first) where they differ: a radix sort by the
+ * keys (a pass for each byte in which the rows differ), then `cmp` orders each run of rows whose
+ * keys are equal; small arrays take an insertion sort by `cmp` alone. -1 with
+ * MemoryError set when the scratch space cannot be had. The result is what qsort with `cmp` gives. */
+BATCH_HIDDEN int sort_rows(uint8_t *rows, Py_ssize_t n, size_t w, const SortKey *keys, int nkeys,
+                           int (*cmp)(const void *, const void *));
 
 /* ------------------------------------------------------------------------------------------ */
 /* buffers, growable output, u64 maps (batch_util.c)                                           */

@@ -47,7 +47,8 @@ PyObject *read_plan(PyObject *self, PyObject *args) {
         locs[i].end = off > INT64_MAX - (int64_t)size ? INT64_MAX : off + (int64_t)size;
         if (i && cmp_loc(&locs[i - 1], &locs[i]) > 0) sorted = 0;
     }
-    if (!sorted) qsort(locs, (size_t)n, sizeof(Loc), cmp_loc);
+    static const SortKey by_off[] = {{offsetof(Loc, off), 1}};  /* then cmp_loc: by end */
+    if (!sorted && sort_rows((uint8_t *)locs, n, sizeof(Loc), by_off, 1, cmp_loc) < 0) goto done;
     Py_ssize_t seg = 0;
     for (Py_ssize_t i = 0; i < n;) {
         int64_t start = locs[i].off, end = locs[i].end;

@@ -113,7 +113,11 @@ static int push_run(DueHeap *h, const uint8_t *src, Py_ssize_t add) {
     memcpy(buf, src, (size_t)add * DROW);
     Py_ssize_t k = 1;
     while (k < add && !due_less(buf + k * DROW, buf + (k - 1) * DROW)) k++;
-    if (k < add) qsort(buf, (size_t)add, DROW, due_cmp);
+    static const SortKey by_due[] = {{0, 1}, {8, 0}};  /* deliver_at, seq; then due_cmp: the rest */
+    if (k < add && sort_rows(buf, add, DROW, by_due, 2, due_cmp) < 0) {
+        PyMem_Free(buf);
+        return -1;
+    }
     Run r = {0, 0, buf, buf + add * DROW, buf};
     run_head(&r);
     Py_ssize_t i = h->nruns++;
@@ -383,7 +387,8 @@ PyObject *seq_runs(PyObject *self, PyObject *args) {
     buf_release(&b);
     int sorted = 1;
     for (Py_ssize_t i = 1; i < n && sorted; i++) sorted = s[i - 1] <= s[i];
-    if (!sorted) qsort(s, (size_t)n, 8, cmp_u64);
+    static const SortKey whole[] = {{0, 0}};
+    if (!sorted && sort_rows((uint8_t *)s, n, 8, whole, 1, cmp_u64) < 0) { PyMem_Free(s); return NULL; }
     PyObject *out = PyList_New(0);
     Py_ssize_t i = 0;
     while (out && i < n) {

@@ -36,6 +36,95 @@ uint32_t crc32_update(uint32_t crc, const uint8_t *p, size_t n) {
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* sorting rows: radix by the keys, then insertion by cmp (see batch_core.h)                    */
+
+#define SORT_INSERTION_MAX 48  /* up to this many rows the radix passes cost more */
+#define SORT_MAX_WIDTH 64
+
+static void insertion_sort(uint8_t *rows, Py_ssize_t n, size_t w, int (*cmp)(const void *, const void *)) {
+    uint8_t hold[SORT_MAX_WIDTH];
+    for (Py_ssize_t i = 1; i < n; i++) {
+        uint8_t *row = rows + i * w;
+        if (cmp(row - w, row) <= 0) continue;
+        memcpy(hold, row, w);
+        Py_ssize_t j = i;
+        while (j > 0 && cmp(rows + (j - 1) * w, hold) > 0) j--;
+        memmove(rows + (j + 1) * w, rows + j * w, (size_t)(i - j) * w);
+        memcpy(rows + j * w, hold, w);
+    }
+}
+
+typedef struct {
+    uint64_t key;  /* the field, as unsigned order */
+    uint64_t row;  /* which row it came from */
+} KeyRow;
+
+/* Stable LSD radix sort of n KeyRows by key, a pass for each byte in which the keys differ;
+ * `tmp` has room for n. */
+static void radix_keys(KeyRow *a, KeyRow *tmp, Py_ssize_t n) {
+    uint64_t differ = 0;
+    for (Py_ssize_t i = 1; i < n; i++) differ |= a[i].key ^ a[0].key;
+    KeyRow *src = a, *dst = tmp;
+    for (int shift = 0; shift < 64; shift += 8) {
+        if (!((differ >> shift) & 0xFF)) continue;
+        Py_ssize_t at[256] = {0}, sum = 0;
+        for (Py_ssize_t i = 0; i < n; i++) at[(src[i].key >> shift) & 0xFF]++;
+        for (int v = 0; v < 256; v++) {
+            Py_ssize_t c = at[v];
+            at[v] = sum;
+            sum += c;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) dst[at[(src[i].key >> shift) & 0xFF]++] = src[i];
+        KeyRow *t = src;
+        src = dst;
+        dst = t;
+    }
+    if (src != a) memcpy(a, src, (size_t)n * sizeof *a);
+}
+
+static inline int same_keys(const uint8_t *a, const uint8_t *b, const SortKey *keys, int nkeys) {
+    for (int f = 0; f < nkeys; f++)
+        if (rd64(a + keys[f].at) != rd64(b + keys[f].at)) return 0;
+    return 1;
+}
+
+int sort_rows(uint8_t *rows, Py_ssize_t n, size_t w, const SortKey *keys, int nkeys,
+              int (*cmp)(const void *, const void *)) {
+    if (n <= SORT_INSERTION_MAX || w > SORT_MAX_WIDTH) {
+        insertion_sort(rows, n, w, cmp);
+        return 0;
+    }
+    KeyRow *kr = PyMem_Malloc((size_t)n * 2 * sizeof *kr);
+    uint8_t *sorted = PyMem_Malloc((size_t)n * w);
+    if (!kr || !sorted) {
+        PyMem_Free(kr);
+        PyMem_Free(sorted);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (int f = nkeys - 1; f >= 0; f--) {  /* least significant key first: each sort is stable */
+        uint64_t flip = keys[f].is_signed ? 1ull << 63 : 0;  /* int64 order as unsigned */
+        for (Py_ssize_t i = 0; i < n; i++) {
+            uint64_t r = f == nkeys - 1 ? (uint64_t)i : kr[i].row;
+            kr[i].row = r;
+            kr[i].key = rd64(rows + r * w + keys[f].at) ^ flip;
+        }
+        radix_keys(kr, kr + n, n);
+    }
+    for (Py_ssize_t i = 0; i < n; i++) memcpy(sorted + i * w, rows + kr[i].row * w, w);
+    memcpy(rows, sorted, (size_t)n * w);
+    PyMem_Free(kr);
+    PyMem_Free(sorted);
+    for (Py_ssize_t i = 0; i < n;) {  /* rows whose keys are all equal: in cmp's order */
+        Py_ssize_t j = i + 1;
+        while (j < n && same_keys(rows + (j - 1) * w, rows + j * w, keys, nkeys)) j++;
+        if (j - i > 1) insertion_sort(rows + i * w, j - i, w, cmp);
+        i = j;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* small helpers                                                                               */
 
 int buf_get(PyObject *obj, Buf *b, int writable, const char *what) {
