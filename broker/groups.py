@@ -56,12 +56,14 @@ def backoff_ms(attempt: int) -> int:
 class Lease:
     """Messages out with a consumer under one receipt token: all new messages of one take share
     one (`indexes`), a redelivery or an extended lease has its own. `out` counts the indexes still
-    held under it; at 0 its entry in the deadline heap is stale."""
+    held under it; at 0 its entry in the deadline heap is stale. `packed`: a take's `indexes`
+    (strictly ascending) as u64s, what an ack of exactly them is recognised by."""
     token: str
     deadline_ms: int
     attempt: int
     indexes: Sequence[int]
     out: int
+    packed: bytes = b""
 
 
 @dataclass(slots=True)
@@ -128,11 +130,14 @@ class Group:
     def mark_done(self, index: int) -> None:
         self.mark_done_many((index,))
 
-    def mark_done_many(self, indexes: Iterable[int]) -> None:
-        """Acked or dead-lettered: the floor moves past every index settled below it."""
+    def mark_done_many(self, indexes: Iterable[int], ascending: bool = False) -> None:
+        """Acked or dead-lettered: the floor moves past every index settled below it.
+        `ascending`: `indexes` is a list known to be strictly ascending."""
         floor, done, attempts = self.floor, self.done, self.attempts
-        if isinstance(indexes, list) and indexes and not attempts and min(indexes) == floor \
-                and max(indexes) == floor + len(indexes) - 1 and len(set(indexes)) == len(indexes):
+        if isinstance(indexes, list) and indexes and not attempts and (
+                indexes[0] == floor and indexes[-1] == floor + len(indexes) - 1 if ascending else
+                min(indexes) == floor and max(indexes) == floor + len(indexes) - 1
+                and len(set(indexes)) == len(indexes)):
             floor += len(indexes)  # exactly [floor, floor + n): a consumer settling in order
             if done:
                 done.difference_update(indexes)
@@ -398,7 +403,8 @@ class Groups:
                     n += len(got) // PROW
             if fresh:
                 new = b"".join(fresh)
-                self._lease(g, self._token(), deadline, 1, array("Q", new)[_PULL_INDEX_AT::PROW // 8].tolist())
+                indexes = array("Q", new)[_PULL_INDEX_AT::PROW // 8]
+                self._lease(g, self._token(), deadline, 1, indexes.tolist(), indexes.tobytes())
                 taken.tokens.append(g.leases[_PULL_INDEX.unpack_from(new)[0]].token)
                 rows.extend(fresh)
         if skipped:
@@ -415,8 +421,9 @@ class Groups:
         # Unique per lease: a salt per process (restarts) and a counter (no urandom per lease).
         return f"{self._salt}{next(self._tokens):x}"
 
-    def _lease(self, g: Group, token: str, deadline: int, attempt: int, indexes: Sequence[int]) -> None:
-        lease = Lease(token, deadline, attempt, indexes, len(indexes))
+    def _lease(self, g: Group, token: str, deadline: int, attempt: int, indexes: Sequence[int],
+               packed: bytes = b"") -> None:
+        lease = Lease(token, deadline, attempt, indexes, len(indexes), packed)
         if len(indexes) == 1:
             g.leases[indexes[0]] = lease
         else:
@@ -493,8 +500,20 @@ class Groups:
             return None
         if token_ids != bytes(len(token_ids)):  # a receipt batch_core left to parse_receipt (token 0: the one)
             return None
-        acked = array("Q", indexes).tolist()  # one int object per index, for every step below
         leases = g.leases
+        lease = leases.get(int.from_bytes(indexes[:8], "little"))
+        if lease is not None and lease.packed == indexes and lease.out == len(lease.indexes):
+            # Exactly the messages one take leased, all still out under it (the usual ack).
+            if lease.token != tokens[0] or lease.deadline_ms <= now:
+                return None
+            acked = lease.indexes
+            collections.deque(map(leases.pop, acked), 0)
+            lease.out = 0
+            g.mark_done_many(acked, ascending=True)
+            g.acked_total += len(acked)
+            self.log_event(g.topic, g.name, {"op": "ack", "idx": acked})
+            return len(acked)
+        acked = array("Q", indexes).tolist()  # one int object per index, for every step below
         got = list(map(leases.get, acked))
         lease = got[0]
         if lease is None or lease.token != tokens[0] or lease.deadline_ms <= now or got.count(lease) != len(got):

@@ -198,6 +198,25 @@ def test_ack_of_a_whole_take_takes_the_fast_path(env40) -> None:
     assert [ev["idx"] for _t, _g, ev in events if ev["op"] == "ack"] == [list(range(19, 9, -1)), list(range(10))]
 
 
+def test_the_ack_of_a_take_in_its_order_is_whole_only_while_all_of_it_is_out_and_live(env40) -> None:
+    """The ack that names exactly a take's messages in their order (recognised by the take's
+    packed indexes) is refused as a whole once one of them was settled or the lease expired."""
+    store, groups, events, now = env40
+    g = groups.get_or_create("t", "g")
+    first = [rc(d) for d in groups.take(g, 10, lease_ms=1000, tags=None)]
+    second = [rc(d) for d in groups.take(g, 10, lease_ms=5, tags=None)]
+    def whole(receipts: list[str]) -> int | None:
+        return groups.ack_whole(g, batch.ops.parse_receipts(receipts), now[0])
+
+    assert groups.ack(g, first[3:4]) == (1, [])
+    assert whole(first) is None, "one of them is no longer out"
+    now[0] += 5
+    assert whole(second) is None, "its lease expired"
+    assert whole(first[:3] + first[4:]) == 9
+    assert g.floor == 10 and not g.done
+    assert groups.ack(g, first) == (0, first)
+
+
 @settings(max_examples=300, deadline=None)
 @given(floor=st.integers(0, 50), done=st.sets(st.integers(0, 120), max_size=20),
        attempts=st.dictionaries(st.integers(0, 120), st.integers(1, 3), max_size=3),
@@ -209,7 +228,7 @@ def test_mark_done_many_in_order_matches_one_by_one(floor, done, attempts, index
               revived={i for i in done if i < floor})
     twin = copy.deepcopy(g)
     batch = list(range(floor, floor + run)) if run % 2 else indexes  # in order, or anything
-    g.mark_done_many(batch)
+    g.mark_done_many(batch, ascending=run % 2 == 1)  # (a range is strictly ascending)
     twin.mark_done_many(iter(batch))
     assert (g.floor, g.cursor, g.done, g.attempts, g.revived) == (twin.floor, twin.cursor, twin.done, twin.attempts,
                                                                    twin.revived)
