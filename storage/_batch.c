@@ -25,6 +25,7 @@
 
 static PyMethodDef methods[] = {
     {"crc32", py_crc32, METH_VARARGS, "zlib.crc32"},
+    {"crc_folds", py_crc_folds, METH_VARARGS, "whether crc32 uses PCLMULQDQ (on: turn it on or off)"},
     {"encode_produce", encode_produce, METH_VARARGS, "validate and encode a produce batch"},
     {"encode_produce_raw", encode_produce_raw, METH_VARARGS, "validate and encode a msgpack produce body"},
     {"produced_rows", produced_rows, METH_VARARGS, "message-table entries and MessageRows of appended records"},

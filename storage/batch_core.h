@@ -333,6 +333,7 @@ static inline size_t hex_of(uint64_t v, char *out) {
 
 /* batch_util.c */
 BATCH_HIDDEN PyObject *py_crc32(PyObject *self, PyObject *args);
+BATCH_HIDDEN PyObject *py_crc_folds(PyObject *self, PyObject *args);
 
 /* batch_produce.c: produce */
 BATCH_HIDDEN int batch_produce_init(void);  /* interns the field names; 0, or -1 with an error set */

@@ -67,9 +67,17 @@ def span_states(spans: list[Span]) -> list[tuple[int, bytes, int, int, int]]:
 
 # ---------------------------------------------------------------------------------- crc32
 @SETTINGS
-@given(st.binary(max_size=300), st.integers(0, 2**32 - 1))
-def test_crc32(data: bytes, value: int) -> None:
-    assert c.crc32(data, value) == ref.crc32(data, value) == zlib.crc32(data, value)
+@given(st.binary(max_size=300) | st.integers(0, 5000).map(lambda n: random.Random(n).randbytes(n)),
+       st.integers(0, 2**32 - 1), st.booleans())
+def test_crc32(data: bytes, value: int, fold: bool) -> None:
+    """Both ways the compiled CRC goes: slicing by 8 alone, and (where the CPU has PCLMULQDQ)
+    the blocks of 64 bytes or more folded by carry-less multiplies."""
+    was = c.crc_folds()
+    try:
+        c.crc_folds(fold and was)
+        assert c.crc32(data, value) == ref.crc32(data, value) == zlib.crc32(data, value)
+    finally:
+        c.crc_folds(was)
 
 
 # ---------------------------------------------------------------------------------- produce
