@@ -193,7 +193,8 @@ int sort_rows(uint8_t *rows, Py_ssize_t n, size_t w, const SortKey *keys, int nk
     for (Py_ssize_t i = 0; i < n;) {  /* rows whose keys are all equal: in cmp's order */
         Py_ssize_t j = i + 1;
         while (j < n && same_keys(rows + (j - 1) * w, rows + j * w, keys, nkeys)) j++;
-        if (j - i > 1) insertion_sort(rows + i * w, j - i, w, cmp);
+        if (j - i > SORT_INSERTION_MAX) qsort(rows + i * w, (size_t)(j - i), w, cmp);  /* never quadratic */
+        else if (j - i > 1) insertion_sort(rows + i * w, j - i, w, cmp);
         i = j;
     }
     return 0;

@@ -588,6 +588,9 @@ def test_seq_runs_and_read_plan_of_many_rows(seed: int, n: int, spread: int) -> 
     rows = b"".join(struct.pack("<qI", o, s) + bytes(44) for o, s in locs)
     bases = struct.pack("<3q", -spread // 2, 0, spread // 2)
     same(c.read_plan, ref.read_plan, rows, 56, bases, rnd.randrange(1 << 16), rnd.randrange(1 << 10))
+    # many records at one offset (a long run of tied keys, which the comparator sorts alone)
+    rows = b"".join(struct.pack("<qI", offsets[0], rnd.randrange(1 << 12)) + bytes(44) for _ in range(n))
+    same(c.read_plan, ref.read_plan, rows, 56, bases, rnd.randrange(1 << 16), rnd.randrange(1 << 10))
 
 
 # ---------------------------------------------------------------------------------- garbage in
