@@ -99,11 +99,12 @@ typedef struct {
     int is_signed;
 } SortKey;
 
-/* Sort n rows of w bytes (w <= 64) in place into the order `cmp` gives, which must be a total
- * order that agrees with the keys (most significant first) where they differ: a radix sort by the
- * keys (a pass for each byte in which the rows differ), then `cmp` orders each run of rows whose
- * keys are equal; small arrays take an insertion sort by `cmp` alone. -1 with
- * MemoryError set when the scratch space cannot be had. The result is what qsort with `cmp` gives. */
+/* Sort n rows of w bytes in place into the order `cmp` gives, which must be a total order that
+ * agrees with the keys (most significant first) where they differ: a radix sort by the keys (a
+ * pass for each byte in which the rows differ), then `cmp` orders each run of rows whose keys are
+ * equal; small arrays take an insertion sort by `cmp` alone, rows wider than 64 bytes qsort. -1
+ * with MemoryError set when the scratch space cannot be had. The result is what qsort with `cmp`
+ * gives. */
 BATCH_HIDDEN int sort_rows(uint8_t *rows, Py_ssize_t n, size_t w, const SortKey *keys, int nkeys,
                            int (*cmp)(const void *, const void *));
 

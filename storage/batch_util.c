@@ -165,7 +165,11 @@ static inline int same_keys(const uint8_t *a, const uint8_t *b, const SortKey *k
 
 int sort_rows(uint8_t *rows, Py_ssize_t n, size_t w, const SortKey *keys, int nkeys,
               int (*cmp)(const void *, const void *)) {
-    if (n <= SORT_INSERTION_MAX || w > SORT_MAX_WIDTH) {
+    if (w > SORT_MAX_WIDTH) {  /* wider than insertion_sort's row buffer (no caller's rows are) */
+        qsort(rows, (size_t)n, w, cmp);
+        return 0;
+    }
+    if (n <= SORT_INSERTION_MAX) {
         insertion_sort(rows, n, w, cmp);
         return 0;
     }
