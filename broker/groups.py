@@ -502,27 +502,23 @@ class Groups:
             return None
         leases = g.leases
         lease = leases.get(int.from_bytes(indexes[:8], "little"))
+        acked: Sequence[int]
         if lease is not None and lease.packed == indexes and lease.out == len(lease.indexes):
-            # Exactly the messages one take leased, all still out under it (the usual ack).
-            if lease.token != tokens[0] or lease.deadline_ms <= now:
+            acked, ascending = lease.indexes, True  # exactly one take's messages, in its order, all out
+        else:
+            ascending = False
+            acked = array("Q", indexes).tolist()  # one int object per index, for every step below
+            got = list(map(leases.get, acked))
+            lease = got[0]
+            if lease is None or got.count(lease) != len(got):
                 return None
-            acked = lease.indexes
-            collections.deque(map(leases.pop, acked), 0)
-            lease.out = 0
-            g.mark_done_many(acked, ascending=True)
-            g.acked_total += len(acked)
-            self.log_event(g.topic, g.name, {"op": "ack", "idx": acked})
-            return len(acked)
-        acked = array("Q", indexes).tolist()  # one int object per index, for every step below
-        got = list(map(leases.get, acked))
-        lease = got[0]
-        if lease is None or lease.token != tokens[0] or lease.deadline_ms <= now or got.count(lease) != len(got):
+            if len(set(acked)) != len(acked):
+                return None  # an index twice: the second is stale
+        if lease.token != tokens[0] or lease.deadline_ms <= now:
             return None
-        if len(set(acked)) != len(acked):
-            return None  # an index twice: the second is stale
         collections.deque(map(leases.pop, acked), 0)
         lease.out -= len(acked)
-        g.mark_done_many(acked)
+        g.mark_done_many(acked, ascending)
         g.acked_total += len(acked)
         self.log_event(g.topic, g.name, {"op": "ack", "idx": acked})
         return len(acked)

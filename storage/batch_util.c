@@ -19,6 +19,10 @@ static uint32_t crc_table[8][256];
 #define CRC_FOLD_MIN 64
 static int crc_fold_ok;  /* set by crc_init when the CPU has PCLMULQDQ and SSE4.1 */
 
+static int crc_fold_possible(void) {
+    return __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
+}
+
 /* The CRC state (not inverted) after `len` bytes (len >= 64, a multiple of 16) from `crc`. */
 __attribute__((target("pclmul,sse4.1")))
 static uint32_t crc_fold(const uint8_t *p, size_t len, uint32_t crc) {
@@ -84,7 +88,7 @@ void crc_init(void) {
             crc_table[t][i] = (crc_table[t - 1][i] >> 8) ^ crc_table[0][crc_table[t - 1][i] & 0xFF];
 #ifdef CRC_FOLD
     __builtin_cpu_init();
-    crc_fold_ok = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
+    crc_fold_ok = crc_fold_possible();
 #endif
 }
 
@@ -463,7 +467,7 @@ PyObject *py_crc_folds(PyObject *self, PyObject *args) {
     if (on != Py_None) {
         int want = PyObject_IsTrue(on);
         if (want < 0) return NULL;
-        crc_fold_ok = want && __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
+        crc_fold_ok = want && crc_fold_possible();
     }
     return PyBool_FromLong(crc_fold_ok);
 #else

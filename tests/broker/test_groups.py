@@ -180,14 +180,23 @@ def test_ack_fast_path_matches_ack_receipt_by_receipt(env40, data) -> None:
     assert _state(g) == _state(twin)
 
 
-def test_ack_of_a_whole_take_takes_the_fast_path(env40) -> None:
-    store, groups, events, now = env40
+def _two_takes(env, second_lease_ms: int) -> tuple:
+    """Two takes of 10 (leases of 1 s and `second_lease_ms`), their receipts, and `whole`:
+    Groups.ack_whole of some receipts, now."""
+    store, groups, events, now = env
     g = groups.get_or_create("t", "g")
     first = [rc(d) for d in groups.take(g, 10, lease_ms=1000, tags=None)]
-    second = [rc(d) for d in groups.take(g, 10, lease_ms=1000, tags=None)]
+    second = [rc(d) for d in groups.take(g, 10, lease_ms=second_lease_ms, tags=None)]
+
     def whole(receipts: list[str]) -> int | None:
         return groups.ack_whole(g, batch.ops.parse_receipts(receipts), now[0])
 
+    return g, first, second, whole
+
+
+def test_ack_of_a_whole_take_takes_the_fast_path(env40) -> None:
+    store, groups, events, now = env40
+    g, first, second, whole = _two_takes(env40, 1000)
     assert whole(first[:1] + second[:1]) is None, "two leases: receipt by receipt"
     assert whole(first + first[:1]) is None, "a repeat: the second is stale"
     assert whole([]) is None
@@ -202,12 +211,7 @@ def test_the_ack_of_a_take_in_its_order_is_whole_only_while_all_of_it_is_out_and
     """The ack that names exactly a take's messages in their order (recognised by the take's
     packed indexes) is refused as a whole once one of them was settled or the lease expired."""
     store, groups, events, now = env40
-    g = groups.get_or_create("t", "g")
-    first = [rc(d) for d in groups.take(g, 10, lease_ms=1000, tags=None)]
-    second = [rc(d) for d in groups.take(g, 10, lease_ms=5, tags=None)]
-    def whole(receipts: list[str]) -> int | None:
-        return groups.ack_whole(g, batch.ops.parse_receipts(receipts), now[0])
-
+    g, first, second, whole = _two_takes(env40, 5)
     assert groups.ack(g, first[3:4]) == (1, [])
     assert whole(first) is None, "one of them is no longer out"
     now[0] += 5
