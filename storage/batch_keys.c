@@ -65,16 +65,48 @@ static inline void kf_places(const KfArgs *a, Py_hash_t kh, uint64_t place[KF_PR
     for (int i = 0; i < KF_PROBES; i++) place[i] = base + ((w >> (9 * i)) & 511);
 }
 
-/* The hash of keys[i], or -1 with an exception set; *none is set for None. The key is held
- * while it is hashed (a __hash__ of another type could change the list meanwhile). */
-static inline Py_hash_t kf_hash(PyObject *keys, Py_ssize_t i, int *none) {
-    PyObject *key = PySequence_Fast_GET_ITEM(keys, i);
-    *none = key == Py_None;
-    if (*none) return 0;
-    Py_INCREF(key);
-    Py_hash_t h = PyObject_Hash(key);
-    Py_DECREF(key);
-    return h;
+/* Keys are taken KF_AHEAD at a time: their blocks are hashed and prefetched first, then read or
+ * set, so the cache misses of a batch's random blocks overlap instead of coming one by one. Each
+ * key of a group is held until its group is done (a key's __hash__ may change the list). */
+#define KF_AHEAD 16
+
+typedef struct {
+    uint64_t place[KF_AHEAD][KF_PROBES];
+    PyObject *key[KF_AHEAD];  /* held; NULL: None, no block */
+    Py_ssize_t n;             /* keys of the group */
+    int failed;               /* the hash of key n raised: stop after the group */
+} KfAhead;
+
+/* Hash and prefetch keys [i, i + KF_AHEAD) of the filter's keys, as many as the list holds (its
+ * size is asked before each). */
+static void kf_ahead(const KfArgs *a, Py_ssize_t i, KfAhead *h, int write) {
+    const uint8_t *bits = a->bits.view.buf;
+    h->n = 0;
+    h->failed = 0;
+    while (h->n < KF_AHEAD && i + h->n < PySequence_Fast_GET_SIZE(a->keys)) {
+        PyObject *key = PySequence_Fast_GET_ITEM(a->keys, i + h->n);
+        if (key == Py_None) {
+            h->key[h->n++] = NULL;
+            continue;
+        }
+        Py_INCREF(key);
+        Py_hash_t kh = PyObject_Hash(key);
+        if (kh == -1) {
+            Py_DECREF(key);
+            h->failed = 1;
+            return;
+        }
+        h->key[h->n] = key;
+        uint64_t *place = h->place[h->n++];
+        kf_places(a, kh, place);
+        if (write) __builtin_prefetch(bits + (place[0] >> 3), 1);
+        else __builtin_prefetch(bits + (place[0] >> 3), 0);
+    }
+}
+
+static void kf_drop(KfAhead *h) {
+    for (Py_ssize_t j = 0; j < h->n; j++) Py_XDECREF(h->key[j]);
+    h->n = 0;
 }
 
 PyObject *filter_add(PyObject *self, PyObject *args) {
@@ -82,15 +114,16 @@ PyObject *filter_add(PyObject *self, PyObject *args) {
     if (kf_open(args, &a) < 0) { kf_close(&a); return NULL; }
     uint8_t *bits = a.bits.view.buf;
     long long n = 0;
-    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(a.keys); i++) {
-        int none;
-        Py_hash_t h = kf_hash(a.keys, i, &none);
-        if (none) continue;
-        if (h == -1) { kf_close(&a); return NULL; }
-        uint64_t place[KF_PROBES];
-        kf_places(&a, h, place);
-        for (int k = 0; k < KF_PROBES; k++) bits[place[k] >> 3] |= (uint8_t)(1u << (place[k] & 7));
-        n++;
+    KfAhead h;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(a.keys); i += KF_AHEAD) {
+        kf_ahead(&a, i, &h, 1);
+        for (Py_ssize_t j = 0; j < h.n; j++) {  /* the keys before a failed one are added, as one by one */
+            if (!h.key[j]) continue;
+            for (int k = 0; k < KF_PROBES; k++) bits[h.place[j][k] >> 3] |= (uint8_t)(1u << (h.place[j][k] & 7));
+            n++;
+        }
+        kf_drop(&h);
+        if (h.failed) { kf_close(&a); return NULL; }
     }
     kf_close(&a);
     return PyLong_FromLongLong(n);
@@ -102,24 +135,24 @@ PyObject *filter_maybe(PyObject *self, PyObject *args) {
     const uint8_t *bits = a.bits.view.buf;
     PyObject *out = PyList_New(0);
     if (!out) { kf_close(&a); return NULL; }
-    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(a.keys); i++) {
-        int none;
-        Py_hash_t h = kf_hash(a.keys, i, &none);
-        if (none) continue;
-        if (h == -1) goto fail;
-        uint64_t place[KF_PROBES];
-        kf_places(&a, h, place);
-        int all = 1;
-        for (int k = 0; k < KF_PROBES && all; k++) all = (bits[place[k] >> 3] >> (place[k] & 7)) & 1;
-        if (all && i < PySequence_Fast_GET_SIZE(a.keys) && PyList_Append(out, PySequence_Fast_GET_ITEM(a.keys, i)) < 0)
-            goto fail;
+    KfAhead h;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(a.keys); i += KF_AHEAD) {
+        kf_ahead(&a, i, &h, 0);
+        for (Py_ssize_t j = 0; j < h.n && !h.failed; j++) {
+            if (!h.key[j]) continue;
+            int all = 1;
+            for (int k = 0; k < KF_PROBES && all; k++) all = (bits[h.place[j][k] >> 3] >> (h.place[j][k] & 7)) & 1;
+            if (all && PyList_Append(out, h.key[j]) < 0) h.failed = 1;
+        }
+        kf_drop(&h);
+        if (h.failed) {
+            Py_DECREF(out);
+            kf_close(&a);
+            return NULL;
+        }
     }
     kf_close(&a);
     return out;
-fail:
-    Py_DECREF(out);
-    kf_close(&a);
-    return NULL;
 }
 
 /* ------------------------------------------------------------------------------------------ */

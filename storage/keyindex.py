@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable, Sequence
 from itertools import chain, groupby, islice, repeat
 from operator import itemgetter
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 from delayd.storage import native
 from delayd.storage.errors import CorruptData, UnsupportedVersion
@@ -179,7 +179,6 @@ def put_rows(db: sqlite3.Connection, rows: Iterable[tuple[str, str | None, int, 
 
 
 _MISS = object()
-_EMPTY: dict[str, Any] = {}
 SCAN_CHUNK = 4096
 # A filter is built for GROWTH times the keys it starts with, and built again when it has taken
 # that many: each build scans every key of the index (0.6-1 µs a key), so a key is scanned about
@@ -210,6 +209,58 @@ Held = tuple[int, int] | Run | None  # an overlay entry: (seq, deliver_at), a ru
 
 def held_by(entry: tuple[int, int] | Run, key: str) -> tuple[int, int]:
     return entry.at(key) if type(entry) is Run else entry  # type: ignore[return-value]
+
+
+# The overlay's dicts of one topic hold at most about SLICE keys each: inserting into one dict of
+# a checkpoint's hundreds of thousands of keys costs 3-4 times what it costs into dicts that stay
+# near the CPU's caches (BENCHMARKS.md), and only the keys the filter may hold are looked up in them.
+SLICE = 16384
+
+
+class Overlay:
+    """topic -> key -> Held, each topic's entries in a list of dicts (slices), newest last: a
+    key's entry is the one in its newest slice that has it; a write goes to the newest slice,
+    and a new slice begins once that one holds SLICE keys."""
+
+    __slots__ = ("topics",)
+
+    def __init__(self) -> None:
+        self.topics: dict[str, list[dict[str | None, Held]]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.topics)
+
+    def newest(self, topic: str) -> dict[str | None, Held]:
+        """The slice of `topic` a write goes to."""
+        slices = self.topics.get(topic)
+        if slices is None:
+            d: dict[str | None, Held] = {}
+            self.topics[topic] = [d]
+            return d
+        d = slices[-1]
+        if len(d) >= SLICE:
+            d = {}
+            slices.append(d)
+        return d
+
+    def get(self, topic: str, key: str) -> Any:
+        """The entry of (topic, key), _MISS when there is none."""
+        for d in reversed(self.topics.get(topic, ())):
+            hit = d.get(key, _MISS)
+            if hit is not _MISS:
+                return hit
+        return _MISS
+
+    def newest_first(self, topic: str) -> list[dict[str | None, Held]]:
+        return self.topics.get(topic, [])[::-1]
+
+    def keys(self) -> list[tuple[str, list[str | None]]]:
+        return [(topic, list(d)) for topic, slices in self.topics.items() for d in slices]
+
+    def absorb(self, newer: Overlay) -> None:
+        """Take `newer`'s entries in, over this overlay's."""
+        for topic, slices in newer.topics.items():
+            self.topics.setdefault(topic, []).extend(slices)
 
 
 class FilterBuild:
@@ -293,10 +344,9 @@ class KeyIndex:
         self._ops: list[Op] = []
         self._queued = 0  # keys put in `_ops`
         self._writing = 0  # keys put in the operations `apply` is writing
-        # topic -> key -> Held; `_flushing` is the part being written by `apply`, `_current`
-        # what came after.
-        self._current: dict[str, dict[str, Held]] = {}
-        self._flushing: dict[str, dict[str, Held]] = {}
+        # `_flushing` is the part being written by `apply`, `_current` what came after.
+        self._current = Overlay()
+        self._flushing = Overlay()
         # Keys that may be held (storage.keyfilter): None until the first build is done, then
         # every put adds to it; built again in a thread (`_build`) when it fills up.
         self._filter: KeyFilter | None = None
@@ -340,15 +390,15 @@ class KeyIndex:
             keys = self._filter.maybe(topic, keys)  # usually none: new keys
             if not keys:
                 return out
-        cur, old = self._current.get(topic, _EMPTY), self._flushing.get(topic, _EMPTY)
-        ask = [k for k in keys if k not in cur and k not in old]  # usually all: new keys
-        if len(ask) < len(keys):
-            for k in keys:
-                hit = cur.get(k, _MISS)
-                if hit is _MISS:
-                    hit = old.get(k)
-                if hit is not None:  # None: released
-                    out[k] = (*held_by(hit, k), None)
+        ask = keys
+        for d in [*self._current.newest_first(topic), *self._flushing.newest_first(topic)]:
+            hits = cast("set[str]", d.keys() & ask)  # usually none: new keys
+            if hits:
+                for k in hits:
+                    held = d[k]
+                    if held is not None:  # None: released
+                        out[k] = (*held_by(held, k), None)
+                ask = [k for k in ask if k not in hits]
         for i in range(0, len(ask), 900):  # SQLite's bound-parameter limit is generous; stay well under
             part = ask[i:i + 900]
             marks = ",".join("?" * len(part))
@@ -367,15 +417,8 @@ class KeyIndex:
         self._queued += len(rows)
         for topic, run in groupby(rows, itemgetter(0)):
             self._added(topic, [r[1] for r in run])
-        cur = self._current
-        last_topic, d = None, None
         for topic, key, seq, deliver_at in rows:
-            if topic != last_topic:
-                d = cur.get(topic)
-                if d is None:
-                    d = cur[topic] = {}
-                last_topic = topic
-            d[key] = (seq, deliver_at)  # type: ignore[index]
+            self._current.newest(topic)[key] = (seq, deliver_at)
 
     def put_run(self, topic: str, keys: Sequence[str | None], first_seq: int, dues: Sequence[int]) -> None:
         """put_many for consecutive messages of one topic: message `first_seq + i` holds
@@ -386,12 +429,10 @@ class KeyIndex:
         self._ops.append(("run", (topic, keys, first_seq, dues)))
         self._queued += len(keys) - keys.count(None)
         self._added(topic, keys)
-        d = self._current.get(topic)
-        if d is None:
-            d = self._current[topic] = {}
+        d = self._current.newest(topic)
         # One shared value, no object per key; a keyless message's None is added too, then dropped.
-        d.update(zip(keys, repeat(Run(keys, first_seq, dues))))  # type: ignore[arg-type]
-        d.pop(None, None)  # type: ignore[call-overload]
+        d.update(zip(keys, repeat(Run(keys, first_seq, dues))))
+        d.pop(None, None)
 
     # -- the key filter -------------------------------------------------------------------------
     def _added(self, topic: str, keys: Sequence[str | None]) -> None:
@@ -406,8 +447,7 @@ class KeyIndex:
             self._build.recorded.append((topic, keys))
 
     def _start_build(self) -> None:
-        recorded: list[tuple[str, Sequence[str | None]]] = [
-            (topic, list(d)) for part in (self._current, self._flushing) for topic, d in part.items()]
+        recorded: list[tuple[str, Sequence[str | None]]] = [*self._current.keys(), *self._flushing.keys()]
         self._build = FilterBuild(self.path, recorded)
         self._build.start()
 
@@ -434,12 +474,11 @@ class KeyIndex:
     def release(self, topic: str, key: str, seq: int) -> None:
         """The key is free again (its message was cancelled)."""
         self._ops.append(("release", (topic, key, seq)))
-        d = self._current.setdefault(topic, {})
-        held = d.get(key, _MISS)
+        held = self._current.get(topic, key)
         if held is _MISS:
-            held = self._flushing.get(topic, _EMPTY).get(key, _MISS)
-        if held is _MISS or held is None or held_by(held, key)[0] == seq:  # type: ignore[arg-type]
-            d[key] = None
+            held = self._flushing.get(topic, key)
+        if held is _MISS or held is None or held_by(held, key)[0] == seq:
+            self._current.newest(topic)[key] = None
 
     def delivered(self, rows: list[tuple[int, str, str, int]]) -> None:
         """(done_at, topic, key, seq): the message was delivered; the key stays taken for the
@@ -456,11 +495,10 @@ class KeyIndex:
         ops, self._ops = self._ops, []
         self._writing, self._queued = self._writing + self._queued, 0
         if self._flushing:  # an earlier write failed and was requeued: keep its entries too
-            for topic, d in self._current.items():
-                self._flushing.setdefault(topic, {}).update(d)
+            self._flushing.absorb(self._current)
         else:
             self._flushing = self._current
-        self._current = {}
+        self._current = Overlay()
         return ops
 
     def requeue(self, ops: list[Op]) -> None:
@@ -507,7 +545,7 @@ class KeyIndex:
 
     def applied(self) -> None:
         """The database now holds what `take_ops` handed out: drop that part of the overlay."""
-        self._flushing = {}
+        self._flushing = Overlay()
         self._writing = 0
 
     @property
@@ -532,7 +570,7 @@ class KeyIndex:
         self._filter = KeyFilter(0)
         self._ops.clear()
         self._queued = self._writing = 0
-        self._current, self._flushing = {}, {}
+        self._current, self._flushing = Overlay(), Overlay()
         self.writer.execute("DELETE FROM keys")
         self.writer.execute("DELETE FROM meta")
         self.writer.commit()

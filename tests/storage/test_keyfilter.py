@@ -78,3 +78,17 @@ def test_a_key_whose_hash_changes_the_list_is_not_read_past_its_end() -> None:
         impl.filter_add(bits, "t", keys)  # must not read the items that are gone
         keys[:] = [Shrinks(), "a", "b"]
         assert len(impl.filter_maybe(bits, "t", keys)) <= 1
+
+
+def test_the_keys_before_an_unhashable_one_are_added_as_in_the_reference() -> None:
+    """The compiled filter hashes keys in groups before it sets their bits: a key that cannot be
+    hashed, in the middle of a group, still leaves the keys before it added, as the reference does."""
+    for at in (0, 5, 16, 21, 40):
+        keys: list[Any] = [f"k{i}" for i in range(40)]
+        keys.insert(at, ["unhashable"])
+        b_c, b_ref = bytearray(4 * BLOCK), bytearray(4 * BLOCK)
+        for impl, bits in ((c, b_c), (ref, b_ref)):
+            with pytest.raises(TypeError):
+                impl.filter_add(bits, "t", keys)
+        assert b_c == b_ref
+        assert c.filter_maybe(b_c, "t", keys[:at]) == keys[:at]
