@@ -415,10 +415,12 @@ class KeyIndex:
             return
         self._ops.append(("put", rows))
         self._queued += len(rows)
-        for topic, run in groupby(rows, itemgetter(0)):
+        for topic, group in groupby(rows, itemgetter(0)):
+            run = list(group)
             self._added(topic, [r[1] for r in run])
-        for topic, key, seq, deliver_at in rows:
-            self._current.newest(topic)[key] = (seq, deliver_at)
+            d = self._current.newest(topic)
+            for _topic, key, seq, deliver_at in run:
+                d[key] = (seq, deliver_at)
 
     def put_run(self, topic: str, keys: Sequence[str | None], first_seq: int, dues: Sequence[int]) -> None:
         """put_many for consecutive messages of one topic: message `first_seq + i` holds
