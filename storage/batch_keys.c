@@ -74,7 +74,7 @@ typedef struct {
     uint64_t place[KF_AHEAD][KF_PROBES];
     PyObject *key[KF_AHEAD];  /* held; NULL: None, no block */
     Py_ssize_t n;             /* keys of the group */
-    int failed;               /* the hash of key n raised: stop after the group */
+    int failed;               /* an error is set (a hash, or filter_maybe's append): stop after the group */
 } KfAhead;
 
 /* Hash and prefetch keys [i, i + KF_AHEAD) of the filter's keys, as many as the list holds (its
