@@ -132,7 +132,7 @@ def _too_deep(index: int | None, depth: int) -> errors.ApiError:
 class _Reader:
     """file-like over the body, so Unpacker buffers a window of it instead of a second copy."""
 
-    def __init__(self, raw: bytearray) -> None:
+    def __init__(self, raw: bytes | bytearray) -> None:
         self.view: memoryview | None = memoryview(raw)
         self.pos = 0
 
@@ -174,7 +174,7 @@ def _msgpack_error(e: Exception, index: int | None) -> errors.ApiError:
 MSGPACK_ERRORS = (ValueError, TypeError, msgpack.UnpackException, _TooDeep)
 
 
-def _msgpack_produce(topic: str, raw: bytearray, cfg: Config, now_ms: int) -> Iterator[Produced]:
+def _msgpack_produce(topic: str, raw: bytes | bytearray, cfg: Config, now_ms: int) -> Iterator[Produced]:
     budget = Budget(cfg.max_request_elements)
     hooks = Hooks(budget, MESSAGE_DEPTH)
     reader = _Reader(raw)
@@ -228,7 +228,7 @@ def _msgpack_produce(topic: str, raw: bytearray, cfg: Config, now_ms: int) -> It
         reader.close()
 
 
-def _msgpack_control(raw: bytearray) -> Any:
+def _msgpack_control(raw: bytes | bytearray) -> Any:
     hooks = Hooks(Budget(CONTROL_ELEMENTS), CONTROL_DEPTH)
     try:
         return msgpack.unpackb(raw, raw=False, strict_map_key=True, max_str_len=len(raw), max_bin_len=len(raw),
@@ -257,7 +257,7 @@ class JsonScanner:
     nests, how many elements it has. Anything it lets through is then decoded by json (which
     reports the syntax errors the scanner does not look for)."""
 
-    def __init__(self, raw: bytearray, max_string: int, budget: Budget) -> None:
+    def __init__(self, raw: bytes | bytearray, max_string: int, budget: Budget) -> None:
         self.raw = raw
         self.end = len(raw)
         self.pos = 0
@@ -325,7 +325,7 @@ class JsonScanner:
                 yield None
 
 
-def _json_loads(raw: bytearray, start: int, stop: int, encoding: str = "utf-8") -> Any:
+def _json_loads(raw: bytes | bytearray, start: int, stop: int, encoding: str = "utf-8") -> Any:
     try:
         # JSON is UTF-8 (RFC 8259 §8.1): decode strictly (json.loads(bytes) would also guess UTF-16/32).
         return json.loads(str(memoryview(raw)[start:stop], encoding))
@@ -335,7 +335,7 @@ def _json_loads(raw: bytearray, start: int, stop: int, encoding: str = "utf-8") 
         raise errors.InvalidJson(f"body is not valid json: {e}") from e
 
 
-def _json_produce(topic: str, raw: bytearray, cfg: Config, now_ms: int) -> Iterator[Produced | None]:
+def _json_produce(topic: str, raw: bytes | bytearray, cfg: Config, now_ms: int) -> Iterator[Produced | None]:
     budget = Budget(cfg.max_request_elements)
     scan = JsonScanner(raw, JSON_ESCAPE_BYTES * cfg.max_body_bytes, budget)
     envelope = _ENVELOPE.match(raw)
@@ -394,7 +394,7 @@ def _check_message_bytes(n: int, index: int, cfg: Config) -> None:
                               index=index)
 
 
-def _json_messages(topic: str, raw: bytearray, spans: list[tuple[int, int]], first: int, cfg: Config,
+def _json_messages(topic: str, raw: bytes | bytearray, spans: list[tuple[int, int]], first: int, cfg: Config,
                    now_ms: int) -> Iterator[Produced]:
     """Decode a run of scanned messages with one str conversion, then validate each."""
     try:
@@ -413,7 +413,7 @@ def _json_messages(topic: str, raw: bytearray, spans: list[tuple[int, int]], fir
         raise errors.InvalidJson("body is not valid json: a message is followed by something else")
 
 
-def _json_control(raw: bytearray) -> Any:
+def _json_control(raw: bytes | bytearray) -> Any:
     scan = JsonScanner(raw, len(raw), Budget(CONTROL_ELEMENTS))
     for _ in scan.value(0, CONTROL_DEPTH, None):
         pass  # a control body is at most CONTROL_BODY_BYTES: no need to give the loop back
@@ -423,7 +423,7 @@ def _json_control(raw: bytearray) -> Any:
 
 
 # -- entry points ---------------------------------------------------------------------------------
-def produce(topic: str, raw: bytearray, fmt: str, cfg: Config, now_ms: int) -> Iterator[Produced | None]:
+def produce(topic: str, raw: bytes | bytearray, fmt: str, cfg: Config, now_ms: int) -> Iterator[Produced | None]:
     """The validated messages of a produce body, in order; None now and then while a long stretch
     is scanned (a chance to give the event loop back). Raises ApiError."""
     if fmt == codec.MSGPACK:
@@ -435,7 +435,7 @@ def produce(topic: str, raw: bytearray, fmt: str, cfg: Config, now_ms: int) -> I
         yield from _json_produce(topic, raw, cfg, now_ms)
 
 
-def control(raw: bytearray, fmt: str) -> Any:
+def control(raw: bytes | bytearray, fmt: str) -> Any:
     """Any other request body (at most CONTROL_BODY_BYTES), decoded whole within its limits."""
     if not raw:
         return {}

@@ -65,16 +65,26 @@ def fmt_of(request: web.Request) -> str:
     return codec.response_format(request.method, request.headers.get("Content-Type"), request.headers.get("Accept"))
 
 
-async def read_raw(request: web.Request, limit: int) -> bytearray:
+async def read_raw(request: web.Request, limit: int) -> bytes | bytearray:
     """The request body, at most `limit` bytes: 413 before reading anything when Content-Length
     says more (a client must not be able to make us wait for, or drain, 70 MB we will refuse),
     and while reading a chunked or compressed body that turns out longer."""
     if request.content_length is not None and request.content_length > limit:
         raise errors.TooLarge(f"the request body is {request.content_length} bytes, the limit is {limit}")
-    timeout_s = request.app[CONFIG].request_timeout_s
     # With a Content-Length (and no Content-Encoding to expand it) the buffer is allocated once:
     # growing it chunk by chunk can cost a second copy at its peak.
     exact = request.content_length if "Content-Encoding" not in request.headers else None
+    if exact is not None and request.content.is_eof():
+        # The whole body came with the headers (a pull, an ack, most produce batches): taken as
+        # it lies, without a timer or a wait (about a tenth of a small request's CPU here).
+        try:
+            whole = request.content.read_nowait()
+        except (ConnectionResetError, web.RequestPayloadError):
+            raise errors.BadRequest("the connection closed before the whole body arrived") from None
+        if len(whole) != exact:
+            raise errors.BadRequest("the connection closed before the whole body arrived")
+        return whole
+    timeout_s = request.app[CONFIG].request_timeout_s
     raw = bytearray(exact or 0)
     got = 0
     try:
@@ -95,7 +105,7 @@ async def read_raw(request: web.Request, limit: int) -> bytearray:
     return raw
 
 
-async def read_control(request: web.Request) -> tuple[bytearray, str]:
+async def read_control(request: web.Request) -> tuple[bytes | bytearray, str]:
     """A request body other than a produce (at most bodies.CONTROL_BODY_BYTES) and its format."""
     raw = await read_raw(request, min(bodies.CONTROL_BODY_BYTES, request.app[CONFIG].max_request_bytes))
     return raw, codec.request_format(request.headers.get("Content-Type"), bool(raw))
@@ -112,7 +122,7 @@ SLICE_S = 0.002  # the longest a produce body is decoded before other requests g
 RAW_PRODUCE_BYTES = 2 * 1024 * 1024
 
 
-async def read_produce(request: web.Request, topic: str, raw: bytearray, fmt: str) -> codec.Produce:
+async def read_produce(request: web.Request, topic: str, raw: bytes | bytearray, fmt: str) -> codec.Produce:
     """A produce body, decoded and validated one message at a time within broker.bodies' limits,
     in slices of SLICE_S between which other requests and releases go on."""
     cfg = request.app[CONFIG]

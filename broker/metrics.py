@@ -43,6 +43,8 @@ class Metrics:
         self.http = Histogram("delayd_http_request_duration_seconds",
                               "HTTP requests by method, route template and status",
                               ["method", "route", "status"], buckets=HTTP_BUCKETS, registry=self.registry)
+        # Each (method, route, status)'s series, found once: labels() costs more than the observe.
+        self._http_series: dict[tuple[str, str | None, int], Any] = {}
         self.fsync = Histogram("delayd_commitlog_fsync_duration_seconds",
                                "Duration of each group-commit fsync of the commit log",
                                buckets=FSYNC_BUCKETS, registry=self.registry)
@@ -57,7 +59,11 @@ class Metrics:
         broker.fsync_listeners.append(self.fsync.observe)
 
     def observe_request(self, method: str, route: str | None, status: int, seconds: float) -> None:
-        self.http.labels(method, route or UNMATCHED_ROUTE, str(status)).observe(seconds)
+        series = self._http_series.get((method, route, status))
+        if series is None:
+            series = self.http.labels(method, route or UNMATCHED_ROUTE, str(status))
+            self._http_series[(method, route, status)] = series
+        series.observe(seconds)
 
     def on_release(self, released: Released, now: int) -> None:
         for topic, _first, units in released.batches:
