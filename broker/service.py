@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import EllipsisType
-from typing import Any, cast
+from typing import Any
 
 from delayd.broker import codec, errors
 from delayd.broker.clock import Clock
@@ -63,7 +63,7 @@ class Produced:
 @dataclass(slots=True)
 class _Keyed:
     """The key check of one produce batch (`Broker._keyed`)."""
-    fresh: list[int] = field(default_factory=list)  # indexes of the messages to store
+    fresh: list[int] | range = field(default_factory=list)  # indexes of the messages to store (ascending)
     held: dict[int, tuple[int, int]] = field(default_factory=dict)  # index -> (seq, deliver_at) of its holder
     same: dict[int, int] = field(default_factory=dict)  # index -> the earlier message of this batch with its key
     cancels: list[tuple[int, str, str | None]] = field(default_factory=list)  # holders replaced: (seq, topic, key)
@@ -473,11 +473,14 @@ class Broker:
         """Which messages of a keyed batch are stored, and what the others answer (see `produce`)."""
         out = _Keyed()
         in_batch: dict[str, int] = {}
-        named = [k for k in keys if k is not None] if None in keys else cast(list[str], keys)  # usually all keyed
+        # Keys are never empty, so filter(None, ...) leaves out exactly the Nones (and compares nothing).
+        named = list(filter(None, keys))
         holders = store.key_holders(topic, named)
         if not holders and len(set(named)) == len(named):  # the usual batch: new keys, none repeated
-            out.fresh = list(range(len(keys)))
+            out.fresh = range(len(keys))
             return out
+        fresh: list[int] = []
+        out.fresh = fresh
         for i, key in enumerate(keys):
             if key is not None:
                 if key in in_batch:
@@ -495,7 +498,7 @@ class Broker:
                         out.held[i] = (seq, deliver_at)
                         continue
                 in_batch[key] = i
-            out.fresh.append(i)
+            fresh.append(i)
         return out
 
     async def _durable(self) -> None:

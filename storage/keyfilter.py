@@ -105,8 +105,11 @@ class KeyFilter:
         self.bits = bytearray(nblocks * BLOCK)
         self.added = 0
 
-    def add(self, topic: str, keys: Sequence[str | None]) -> None:
-        self.added += ops.filter_add(self.bits, topic, keys)
+    def add(self, topic: str, keys: Sequence[str | None]) -> int:
+        """Add the pairs; how many keys were added (those not None)."""
+        n: int = ops.filter_add(self.bits, topic, keys)
+        self.added += n
+        return n
 
     def maybe(self, topic: str, keys: list[str]) -> list[str]:
         return ops.filter_maybe(self.bits, topic, keys)

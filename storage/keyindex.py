@@ -429,24 +429,27 @@ class KeyIndex:
         if len(keys) != len(dues):
             raise ValueError(f"{len(keys)} keys, {len(dues)} due times")
         self._ops.append(("run", (topic, keys, first_seq, dues)))
-        self._queued += len(keys) - keys.count(None)
-        self._added(topic, keys)
+        named = self._added(topic, keys)
+        self._queued += named if named is not None else len(keys) - keys.count(None)
         d = self._current.newest(topic)
         # One shared value, no object per key; a keyless message's None is added too, then dropped.
         d.update(zip(keys, repeat(Run(keys, first_seq, dues))))
         d.pop(None, None)
 
     # -- the key filter -------------------------------------------------------------------------
-    def _added(self, topic: str, keys: Sequence[str | None]) -> None:
-        """`keys` of `topic` are (about to be) in the overlay: the filter must know them."""
+    def _added(self, topic: str, keys: Sequence[str | None]) -> int | None:
+        """`keys` of `topic` are (about to be) in the overlay: the filter must know them. How
+        many of them are keys (not None), when the filter counted them."""
         self._install_finished()  # here too: a follower only puts, and the recorded keys would pile up
         f = self._filter
+        named = None
         if f is not None:
-            f.add(topic, keys)
+            named = f.add(topic, keys)
             if f.full and self._build is None:
                 self._start_build()
         if self._build is not None:
             self._build.recorded.append((topic, keys))
+        return named
 
     def _start_build(self) -> None:
         recorded: list[tuple[str, Sequence[str | None]]] = [*self._current.keys(), *self._flushing.keys()]
