@@ -28,8 +28,10 @@ tools:
 	scripts/install-test-deps.sh
 	deploy/install_tools.sh
 
+# Two workers: the suite waits on daemons more than it computes (about 7 minutes instead of 12 on two
+# cores). tests/support/daemon.py gives each worker its own ports.
 test: install-dev tools
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2
 
 # etcd plus one replicated shard of three members (deploy/cluster.sh); cluster-shards: three plain shards.
 cluster: install

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import resource
 import signal
 import socket
@@ -23,10 +24,37 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 
 
+# free_port's ports lie below Linux's ephemeral range (32768-60999 by default), so no client
+# connection's local port takes one between the pick and the server's bind; each pytest-xdist
+# worker (PYTEST_XDIST_WORKER gw0, gw1, ...; none when pytest runs alone) draws from its own
+# PORTS_PER_WORKER of them, so two workers never hand out the same port.
+FIRST_PORT = 10000
+PORTS_PER_WORKER = 1000
+_picker = random.Random()
+
+
+def port_range(worker: str | None) -> range:
+    """The ports free_port draws from in the xdist worker `worker` ("gw3"; None: no worker)."""
+    n = int(worker.removeprefix("gw")) + 1 if worker and worker.startswith("gw") else 0
+    start = FIRST_PORT + n * PORTS_PER_WORKER
+    if start + PORTS_PER_WORKER > 32768:
+        raise RuntimeError(f"xdist worker {worker}: more workers than free_port has port ranges for")
+    return range(start, start + PORTS_PER_WORKER)
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port nothing is bound to now, from this process's own range (port_range)."""
+    ports = port_range(os.environ.get("PYTEST_XDIST_WORKER"))
+    start = _picker.randrange(len(ports))
+    for i in range(len(ports)):
+        port = ports[(start + i) % len(ports)]
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {ports}")
 
 
 def wait_until(predicate: Callable[[], Any], timeout_s: float = 10.0, interval_s: float = 0.01,
