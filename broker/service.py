@@ -63,6 +63,7 @@ class Produced:
 @dataclass(slots=True)
 class _Keyed:
     """The key check of one produce batch (`Broker._keyed`)."""
+    named: int = 0  # messages of the batch with a key
     fresh: list[int] | range = field(default_factory=list)  # indexes of the messages to store (ascending)
     held: dict[int, tuple[int, int]] = field(default_factory=dict)  # index -> (seq, deliver_at) of its holder
     same: dict[int, int] = field(default_factory=dict)  # index -> the earlier message of this batch with its key
@@ -414,7 +415,7 @@ class Broker:
             if keys is not None:
                 self._key_room(store)
             try:
-                found = self._keyed(store, topic, keys or [None] * n, replace or [False] * n, now)
+                found = self._keyed(store, topic, keys or [None] * n, replace or [False] * n, now, claim=True)
             except errors.InvalidMessage:
                 return None  # `produce` raises it again, as the reference path does everything
             if len(found.fresh) < n:
@@ -428,10 +429,12 @@ class Broker:
             # The key index keeps both (read-only views, or copies).
             run_keys: list[str | None] | None = keys
             run_dues: Sequence[int] = memoryview(dues).cast("q")
+            claimed = found.named if found is not None else None  # (a batch of replace flags only: 0)
             if keys is not None and len(fresh) < n:
                 run_keys, run_dues = [keys[i] for i in fresh], array("q", [deliver_at[i] for i in fresh])
+                claimed = len(run_keys) - run_keys.count(None)
             first = store.append_packed(topic, records, sizes, now, run_keys, run_dues,
-                                        found.cancels if found is not None else [])
+                                        found.cancels if found is not None else [], claimed)
             for j, i in enumerate(fresh):
                 seqs[i] = first + j
             assert self.pipeline is not None
@@ -469,13 +472,16 @@ class Broker:
         if last_due > now + self.cfg.roll_window_ms and store.far.unwritten > self.cfg.max_unwritten_far:
             raise errors.Backpressure("the far-future index is behind; retry shortly", retry_after_s=1)
 
-    def _keyed(self, store: Store, topic: str, keys: list[str | None], replace: list[bool], now: int) -> _Keyed:
-        """Which messages of a keyed batch are stored, and what the others answer (see `produce`)."""
+    def _keyed(self, store: Store, topic: str, keys: list[str | None], replace: list[bool], now: int,
+               claim: bool = False) -> _Keyed:
+        """Which messages of a keyed batch are stored, and what the others answer (see `produce`).
+        `claim`: the stored ones are put next, with no other put between (KeyIndex.lookup_many)."""
         out = _Keyed()
         in_batch: dict[str, int] = {}
         # Keys are never empty, so filter(None, ...) leaves out exactly the Nones (and compares nothing).
         named = list(filter(None, keys))
-        holders = store.key_holders(topic, named)
+        out.named = len(named)
+        holders = store.key_holders(topic, named, claim)
         if not holders and len(set(named)) == len(named):  # the usual batch: new keys, none repeated
             out.fresh = range(len(keys))
             return out

@@ -51,6 +51,7 @@ static PyMethodDef methods[] = {
     {"read_plan", read_plan, METH_VARARGS, "the stretches of the log to read for records"},
     {"filter_add", filter_add, METH_VARARGS, "add keys of a topic to the key filter"},
     {"filter_maybe", filter_maybe, METH_VARARGS, "the keys of a topic the key filter may hold"},
+    {"filter_claim", filter_claim, METH_VARARGS, "filter_maybe and filter_add in one pass"},
     {"key_order", key_order, METH_VARARGS, "the order in which the key index writes the keys of runs"},
     {NULL, NULL, 0, NULL},
 };

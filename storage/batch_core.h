@@ -375,6 +375,7 @@ BATCH_HIDDEN PyObject *take_rows(PyObject *self, PyObject *args);
 
 BATCH_HIDDEN PyObject *filter_add(PyObject *self, PyObject *args);
 BATCH_HIDDEN PyObject *filter_maybe(PyObject *self, PyObject *args);
+BATCH_HIDDEN PyObject *filter_claim(PyObject *self, PyObject *args);
 BATCH_HIDDEN PyObject *key_order(PyObject *self, PyObject *args);
 
 #endif /* DELAYD_BATCH_CORE_H */

@@ -1,6 +1,7 @@
 /*
- * The key filter's two batch functions (specified by storage/keyfilter.py, the reference, with
- * its byte table): filter_add and filter_maybe over a blocked Bloom filter held in a bytearray.
+ * The key filter's three batch functions (specified by storage/keyfilter.py, the reference, with
+ * its byte table): filter_add, filter_maybe and filter_claim over a blocked Bloom filter held in a
+ * bytearray.
  * A pair's hash is built from Python's own hash of the key and of the topic (cached by str
  * objects), so both implementations agree within a process; the filter is never stored.
  *
@@ -153,6 +154,39 @@ PyObject *filter_maybe(PyObject *self, PyObject *args) {
     }
     kf_close(&a);
     return out;
+}
+
+/* filter_claim: filter_maybe and filter_add in one pass over the keys, each key's answer read
+ * just before its own pair is set (a key that repeats is a maybe the second time). Returns
+ * (maybe, added). The keys before one that cannot be hashed are claimed, as one by one. */
+PyObject *filter_claim(PyObject *self, PyObject *args) {
+    KfArgs a;
+    if (kf_open(args, &a) < 0) { kf_close(&a); return NULL; }
+    uint8_t *bits = a.bits.view.buf;
+    PyObject *out = PyList_New(0);
+    if (!out) { kf_close(&a); return NULL; }
+    long long n = 0;
+    int failed = 0;
+    KfAhead h;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(a.keys) && !failed; i += KF_AHEAD) {
+        kf_ahead(&a, i, &h, 1);
+        failed = h.failed;
+        for (Py_ssize_t j = 0; j < h.n; j++) {
+            if (!h.key[j]) continue;
+            int all = 1;
+            for (int k = 0; k < KF_PROBES; k++) {
+                uint8_t *byte = bits + (h.place[j][k] >> 3), mask = (uint8_t)(1u << (h.place[j][k] & 7));
+                all &= (*byte & mask) != 0;
+                *byte |= mask;
+            }
+            n++;
+            if (all && PyList_Append(out, h.key[j]) < 0) { failed = 1; break; }
+        }
+        kf_drop(&h);
+    }
+    kf_close(&a);
+    if (failed) { Py_DECREF(out); return NULL; }
+    return Py_BuildValue("(NL)", out, n);
 }
 
 /* ------------------------------------------------------------------------------------------ */

@@ -3,7 +3,8 @@
 Most keys a producer sends are new. Without a filter every one of them costs a B-tree lookup in
 keys.sqlite on the event loop (1.0-1.5 µs a key, a third of a keyed produce); with it, a key the
 filter has never seen is known to be free after one probe of one cache line, and only the keys
-the filter may hold (those held, and at most about 2.5% more: false positives) are looked up.
+the filter may hold (those held, and at most about 0.1% more, 2.5% in a filter of more than 4M
+keys: false positives) are looked up.
 
 It is a blocked Bloom filter (Putze, Sanders and Singler, "Cache-, Hash- and Space-Efficient
 Bloom Filters", 2007), in memory only: never written to disk, built again in every process
@@ -24,9 +25,9 @@ between processes, which is why the filter is never stored). The block is
 `(w >> (9 * i)) & 511`, for i in 0..PROBES-1, bit n of a block being bit (n & 7) of its byte
 n >> 3. `mix` is the splitmix64 finaliser.
 
-Both functions come twice, like the batch core: compiled (`filter_add`, `filter_maybe` in
-storage/batch_keys.c, module delayd.storage._batch) and here in Python as the reference;
-tests/storage/test_keyfilter.py checks both give the same bits and answers.
+The functions come twice, like the batch core: compiled (`filter_add`, `filter_maybe`,
+`filter_claim` in storage/batch_keys.c, module delayd.storage._batch) and here in Python as the
+reference; tests/storage/test_keyfilter.py checks both give the same bits and answers.
 """
 
 from __future__ import annotations
@@ -39,7 +40,13 @@ from delayd.storage import native
 
 BLOCK = 64  # bytes a block
 PROBES = 6
-BITS_PER_KEY = 8  # at capacity: about 2.5% false positives
+# Bits a key at capacity: BITS_PER_KEY (about 2.5% false maybes), or up to SMALL_BITS_PER_KEY
+# (about 0.1%) while the filter stays within SMALL_FILTER_BYTES. A false maybe costs a SQLite
+# query on the event loop (BENCHMARKS.md: 0.13 us a keyed message at 600,000 keys), and 4 MiB is
+# nothing next to what a big index costs; past 4M keys of capacity the filter is 1 byte a key.
+BITS_PER_KEY = 8
+SMALL_BITS_PER_KEY = 16
+SMALL_FILTER_BYTES = 4 << 20
 MIN_CAPACITY = 1 << 16
 GOLDEN = 0x9E3779B97F4A7C15
 M64 = (1 << 64) - 1
@@ -94,14 +101,39 @@ def filter_maybe(bits: bytearray, topic: str, keys: Sequence[Any]) -> list[Any]:
         bits[p >> 3] >> (p & 7) & 1 for p in _places(key, t, nblocks))]
 
 
+def filter_bits(capacity: int) -> int:
+    """The bits of a filter for `capacity` pairs: SMALL_BITS_PER_KEY a pair as long as that fits
+    in SMALL_FILTER_BYTES, then SMALL_FILTER_BYTES until BITS_PER_KEY a pair needs more."""
+    return max(capacity * BITS_PER_KEY, min(capacity * SMALL_BITS_PER_KEY, SMALL_FILTER_BYTES * 8))
+
+
+def filter_claim(bits: bytearray, topic: str, keys: Sequence[Any]) -> tuple[list[Any], int]:
+    """filter_maybe and filter_add in one pass: for each key (None left out) in order, whether its
+    pair may have been added (before its own), then add it. The maybe keys, and the number added.
+    A produce asks the filter about its keys and puts them in one go (KeyIndex.lookup_many)."""
+    nblocks, t = _checked(bits, topic, keys)
+    maybe = []
+    n = 0
+    for key in keys:
+        if key is None:
+            continue
+        places = _places(key, t, nblocks)
+        if all(bits[p >> 3] >> (p & 7) & 1 for p in places):
+            maybe.append(key)
+        for p in places:
+            bits[p >> 3] |= 1 << (p & 7)
+        n += 1
+    return maybe, n
+
+
 class KeyFilter:
-    """One filter, sized for `capacity` pairs (BITS_PER_KEY bits each, whole blocks)."""
+    """One filter, sized for `capacity` pairs (`filter_bits`, whole blocks)."""
 
     __slots__ = ("bits", "capacity", "added")
 
     def __init__(self, capacity: int) -> None:
         self.capacity = max(capacity, MIN_CAPACITY)
-        nblocks = -(-self.capacity * BITS_PER_KEY // (BLOCK * 8))
+        nblocks = -(-filter_bits(self.capacity) // (BLOCK * 8))
         self.bits = bytearray(nblocks * BLOCK)
         self.added = 0
 
@@ -113,6 +145,13 @@ class KeyFilter:
 
     def maybe(self, topic: str, keys: list[str]) -> list[str]:
         return ops.filter_maybe(self.bits, topic, keys)
+
+    def claim(self, topic: str, keys: Sequence[str | None]) -> tuple[list[str], int]:
+        """maybe, then add, in one pass (`filter_claim`): the keys that may have been added
+        before, and how many were added."""
+        maybe, n = ops.filter_claim(self.bits, topic, keys)
+        self.added += n
+        return maybe, n
 
     @property
     def full(self) -> bool:

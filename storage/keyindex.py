@@ -182,8 +182,8 @@ _MISS = object()
 SCAN_CHUNK = 4096
 # A filter is built for GROWTH times the keys it starts with, and built again when it has taken
 # that many: each build scans every key of the index (0.6-1 µs a key), so a key is scanned about
-# 1 / (GROWTH - 1) times over its life; the filter costs BITS_PER_KEY * GROWTH bits a held key
-# right after a build.
+# 1 / (GROWTH - 1) times over its life; past 4M keys of capacity the filter costs
+# BITS_PER_KEY * GROWTH bits a held key right after a build (storage.keyfilter `filter_bits`).
 GROWTH = 3
 
 
@@ -383,13 +383,20 @@ class KeyIndex:
         """(seq, deliver_at, done_at) of the message holding `key`, or None."""
         return self.lookup_many(topic, [key]).get(key)
 
-    def lookup_many(self, topic: str, keys: list[str]) -> dict[str, tuple[int, int, int | None]]:
+    def lookup_many(self, topic: str, keys: list[str], claim: bool = False) -> dict[str, tuple[int, int, int | None]]:
+        """(seq, deliver_at, done_at) of the messages holding `keys`, by key. `claim`: the keys are
+        a produce's, to be put by the put_run that follows at once (told so by its `claimed`):
+        the filter takes them in the same pass that asks it (`KeyFilter.claim`). A key claimed
+        and then not put only leaves the filter a little fuller."""
         out: dict[str, tuple[int, int, int | None]] = {}
         self._install_finished()
-        if self._filter is not None:
+        if claim:
+            maybe = self._added(topic, keys, claim=True)[0]
+            keys = maybe if maybe is not None else keys
+        elif self._filter is not None:
             keys = self._filter.maybe(topic, keys)  # usually none: new keys
-            if not keys:
-                return out
+        if not keys:
+            return out
         ask = keys
         for d in [*self._current.newest_first(topic), *self._flushing.newest_first(topic)]:
             hits = cast("set[str]", d.keys() & ask)  # usually none: new keys
@@ -422,14 +429,17 @@ class KeyIndex:
             for _topic, key, seq, deliver_at in run:
                 d[key] = (seq, deliver_at)
 
-    def put_run(self, topic: str, keys: Sequence[str | None], first_seq: int, dues: Sequence[int]) -> None:
+    def put_run(self, topic: str, keys: Sequence[str | None], first_seq: int, dues: Sequence[int],
+                claimed: int | None = None) -> None:
         """put_many for consecutive messages of one topic: message `first_seq + i` holds
         `keys[i]` (None: it has no key), due `dues[i]`. The rows are built by `apply`, in the
-        worker thread. Neither sequence may change afterwards."""
+        worker thread. Neither sequence may change afterwards. `claimed`: the keys were claimed
+        by a lookup_many with no other put between (a put may start a filter build, which would
+        not know them); how many of them are not None."""
         if len(keys) != len(dues):
             raise ValueError(f"{len(keys)} keys, {len(dues)} due times")
         self._ops.append(("run", (topic, keys, first_seq, dues)))
-        named = self._added(topic, keys)
+        named = claimed if claimed is not None else self._added(topic, keys)[1]
         self._queued += named if named is not None else len(keys) - keys.count(None)
         d = self._current.newest(topic)
         # One shared value, no object per key; a keyless message's None is added too, then dropped.
@@ -437,19 +447,23 @@ class KeyIndex:
         d.pop(None, None)
 
     # -- the key filter -------------------------------------------------------------------------
-    def _added(self, topic: str, keys: Sequence[str | None]) -> int | None:
-        """`keys` of `topic` are (about to be) in the overlay: the filter must know them. How
-        many of them are keys (not None), when the filter counted them."""
+    def _added(self, topic: str, keys: Sequence[str | None], claim: bool = False) -> tuple[list[str] | None, int | None]:
+        """`keys` of `topic` are (about to be) in the overlay: the filter must know them. With
+        `claim`, the keys the filter may have held before (None without a filter); and how many
+        of them are keys (not None), when the filter counted them."""
         self._install_finished()  # here too: a follower only puts, and the recorded keys would pile up
         f = self._filter
-        named = None
+        maybe = named = None
         if f is not None:
-            named = f.add(topic, keys)
+            if claim:
+                maybe, named = f.claim(topic, keys)
+            else:
+                named = f.add(topic, keys)
             if f.full and self._build is None:
                 self._start_build()
         if self._build is not None:
             self._build.recorded.append((topic, keys))
-        return named
+        return maybe, named
 
     def _start_build(self) -> None:
         recorded: list[tuple[str, Sequence[str | None]]] = [*self._current.keys(), *self._flushing.keys()]

@@ -185,12 +185,14 @@ class Store:
 
     def append_packed(self, topic: str, records: bytes, sizes: bytes, now_ms: int,
                       keys: Sequence[str | None] | None = None, dues: Sequence[int] = (),
-                      cancels: list[tuple[int, str, str | None]] = ()) -> int:  # type: ignore[assignment]
+                      cancels: list[tuple[int, str, str | None]] = (),  # type: ignore[assignment]
+                      claimed: int | None = None) -> int:
         """append_messages for records the compiled batch core encoded (storage.batch
         `encode_produce`, with seqs from `next_seq`): appended in one write, their message-table
         entries and MessageRows made from the same bytes. `keys` and `dues`: each record's key
         (None: none) and deliver_at, in order, or None when no record has a key; the key index
-        keeps both (KeyIndex.put_run), so neither may change afterwards. Returns the first seq."""
+        keeps both (KeyIndex.put_run, `claimed` passed on), so neither may change afterwards.
+        Returns the first seq."""
         first = self.next_seq
         n = len(sizes) // 4
         self.msgs.prepare(first, first + n - 1)  # no descriptor for it: refused before anything is stored
@@ -208,7 +210,7 @@ class Store:
         entries, rows = batch.ops.produced_rows(records, offsets, self.counters.topic_hash(topic))
         self.msgs.write_entries(first, entries)
         if keys is not None:
-            self.keys.put_run(topic, keys, first, dues)
+            self.keys.put_run(topic, keys, first, dues, claimed)
         self.counters.produced(topic, n)
         if not head and n:
             last_size = int.from_bytes(sizes[-4:], "little")
@@ -325,11 +327,11 @@ class Store:
         """(seq, state, deliver_at, done_at) of the message holding `key` now, or None."""
         return self.key_holders(topic, [key]).get(key)
 
-    def key_holders(self, topic: str, keys: list[str]) -> dict[str, tuple[int, MessageState, int, int | None]]:
-        """Holders of many keys with one index query. The state comes from the message
-        table, so a stale index entry cannot mislead."""
+    def key_holders(self, topic: str, keys: list[str], claim: bool = False) -> dict[str, tuple[int, MessageState, int, int | None]]:
+        """Holders of many keys with one index query (`claim`: see KeyIndex.lookup_many). The
+        state comes from the message table, so a stale index entry cannot mislead."""
         out: dict[str, tuple[int, MessageState, int, int | None]] = {}
-        for key, (seq, deliver_at, done_at) in self.keys.lookup_many(topic, keys).items():
+        for key, (seq, deliver_at, done_at) in self.keys.lookup_many(topic, keys, claim).items():
             st = self.msgs.get(seq)[0]
             if st not in (MessageState.UNKNOWN, MessageState.CANCELLED):
                 out[key] = (seq, st, deliver_at, done_at)

@@ -60,7 +60,7 @@ def test_put_run_answers_and_stores_what_put_many_does(runs: list[tuple[str, lis
 FEW = st.sampled_from(["k0", "k1", "k2"])  # so that operations meet on the same keys
 TOPIC = st.sampled_from(["a", "b"])
 PUTS = (st.tuples(st.just("put"), st.lists(st.tuples(TOPIC, FEW), min_size=1, max_size=5)),
-        st.tuples(st.just("run"), TOPIC, st.lists(st.none() | FEW, min_size=1, max_size=5)))
+        st.tuples(st.just("run"), TOPIC, st.lists(st.none() | FEW, min_size=1, max_size=5), st.booleans()))
 OPS = st.lists(st.one_of(
     *PUTS,
     st.tuples(st.just("release"), TOPIC, FEW, st.none() | st.integers(1, 40)),
@@ -71,13 +71,18 @@ OPS = st.lists(st.one_of(
 
 def put(ki: KeyIndex, op: tuple, seq: int) -> tuple[list[tuple[str, str, int, int]], int]:
     """Carry out a "put" or "run" of PUTS with messages numbered from `seq` (due 100 + their
-    number): the rows (topic, key, seq, due) it put, None keys left out, and the messages it took."""
+    number; a run claimed or not, see KeyIndex.lookup_many): the rows (topic, key, seq, due) it put, None keys left out, and the messages it took."""
     if op[0] == "put":
         rows = [(t, k, seq + i, 100 + seq + i) for i, (t, k) in enumerate(op[1])]
         ki.put_many(rows)
         return rows, len(rows)
-    _, t, keys = op
-    ki.put_run(t, keys, seq, [100 + seq + i for i in range(len(keys))])
+    _, t, keys, claim = op
+    claimed = None
+    if claim:  # as a produce puts them: asked and added to the filter in one pass first
+        named = [k for k in keys if k is not None]
+        ki.lookup_many(t, named, claim=True)
+        claimed = len(named)
+    ki.put_run(t, keys, seq, [100 + seq + i for i in range(len(keys))], claimed)
     return [(t, k, seq + i, 100 + seq + i) for i, k in enumerate(keys) if k is not None], len(keys)
 
 
@@ -268,27 +273,35 @@ def test_new_keys_are_answered_from_the_filter_without_a_query(tmp_path: Path) -
         ki.close()
 
 
-def test_keys_put_while_the_filter_is_built_are_never_missed(tmp_path: Path,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def put_run(ki: KeyIndex, claim: bool, topic: str, keys: list[str], seq: int, dues: list[int]) -> None:
+    """ki.put_run, the keys claimed first when `claim` (as a produce puts them)."""
+    if claim:
+        ki.lookup_many(topic, keys, claim=True)
+    ki.put_run(topic, keys, seq, dues, len(keys) if claim else None)
+
+
+@pytest.mark.parametrize("claim", [False, True])
+def test_keys_put_while_the_filter_is_built_are_never_missed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              claim: bool) -> None:
     """The hard case: a key put after the build began, written to the database after the scan's
     snapshot, then dropped from the overlay. Only the build's recorded keys know it."""
     ki, build = reopened_with_a_pending_build(tmp_path / "keys.sqlite", monkeypatch)
     try:
         assert not ki.filter_ready
-        ki.put_run("t", ["in-overlay"], 2, [2])  # before the second build begins: in its overlay
+        put_run(ki, claim, "t", ["in-overlay"], 2, [2])  # before the second build begins: in its overlay
         build.scan()  # the snapshot: "old" only
-        ki.put_run("t", ["after-scan"], 3, [3])
+        put_run(ki, claim, "t", ["after-scan"], 3, [3])
         ki.commit(3)  # both written, the overlay dropped
         assert ki.filter_ready  # the first filter: scan + recorded keys
         assert ki.lookup_many("t", ["old", "in-overlay", "after-scan"]) == {
             "old": (1, 0, None), "in-overlay": (2, 2, None), "after-scan": (3, 3, None)}
 
-        ki.put_run("t", ["queued"], 4, [4])  # in the overlay when the next build begins
+        put_run(ki, claim, "t", ["queued"], 4, [4])  # in the overlay when the next build begins
         ki._start_build()
         second = ki._build
         assert second is not None
         second.scan()  # "queued" is not in this snapshot
-        ki.put_run("t", ["later"], 5, [5])
+        put_run(ki, claim, "t", ["later"], 5, [5])
         ki.commit(5)
         assert ki.filter_ready and ki._filter is second.result
         assert set(ki.lookup_many("t", ["old", "in-overlay", "after-scan", "queued", "later"])) == {
@@ -321,13 +334,15 @@ def test_a_full_filter_is_built_again_bigger_and_still_knows_every_key(tmp_path:
         ki.close()
 
 
-def test_the_batch_that_fills_the_filter_is_in_the_next_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("claim", [False, True])
+def test_the_batch_that_fills_the_filter_is_in_the_next_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            claim: bool) -> None:
     monkeypatch.setattr(keyfilter, "MIN_CAPACITY", 64)
     monkeypatch.setattr(FilterBuild, "start", lambda self: None)  # this test runs the scan itself
     ki = KeyIndex(tmp_path / "keys.sqlite")
     try:
         names = [f"k{i}" for i in range(65)]
-        ki.put_run("t", names, 1, list(range(65)))  # fills the first filter: a build begins
+        put_run(ki, claim, "t", names, 1, list(range(65)))  # fills the first filter: a build begins
         build = ki._build
         assert build is not None
         build.scan()  # before the batch is written: not in the snapshot
@@ -338,14 +353,15 @@ def test_the_batch_that_fills_the_filter_is_in_the_next_one(tmp_path: Path, monk
         ki.close()
 
 
-def test_a_filter_that_filled_up_while_it_was_built_is_built_again(tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("claim", [False, True])
+def test_a_filter_that_filled_up_while_it_was_built_is_built_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   claim: bool) -> None:
     monkeypatch.setattr(keyfilter, "MIN_CAPACITY", 64)
     ki, first = reopened_with_a_pending_build(tmp_path / "keys.sqlite", monkeypatch)
     try:
         first.scan()  # sized for the one key it saw
         names = [f"k{i}" for i in range(100)]
-        ki.put_run("t", names, 2, list(range(100)))  # recorded: more than the filter was sized for
+        put_run(ki, claim, "t", names, 2, list(range(100)))  # recorded: more than the filter was sized for
         assert ki.filter_ready and ki._filter is first.result and first.result.full
         second = ki._build
         assert second is not None and second is not first  # begun at once, not at the next put
