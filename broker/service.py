@@ -435,8 +435,11 @@ class Broker:
                 claimed = len(run_keys) - run_keys.count(None)
             first = store.append_packed(topic, records, sizes, now, run_keys, run_dues,
                                         found.cancels if found is not None else [], claimed)
-            for j, i in enumerate(fresh):
-                seqs[i] = first + j
+            if len(fresh) == n:  # the usual batch, every message stored (one C loop, not n Python steps)
+                seqs = array("Q", range(first, first + n))
+            else:
+                for j, i in enumerate(fresh):
+                    seqs[i] = first + j
             assert self.pipeline is not None
             self.pipeline.appended.set()
         if found is not None:
