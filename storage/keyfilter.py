@@ -41,9 +41,9 @@ from delayd.storage import native
 BLOCK = 64  # bytes a block
 PROBES = 6
 # Bits a key at capacity: BITS_PER_KEY (about 2.5% false maybes), or up to SMALL_BITS_PER_KEY
-# (about 0.1%) while the filter stays within SMALL_FILTER_BYTES. A false maybe costs a SQLite
-# query on the event loop (BENCHMARKS.md: 0.13 us a keyed message at 600,000 keys), and 4 MiB is
-# nothing next to what a big index costs; past 4M keys of capacity the filter is 1 byte a key.
+# (about 0.1%) while the filter stays within SMALL_FILTER_BYTES. False maybes cost a SQLite query
+# on the event loop (BENCHMARKS.md: up to 170 us a batch of 1,000 new keys at 8 bits a key), and
+# 4 MiB is little next to what a big index costs; past 4M keys of capacity it is 1 byte a key.
 BITS_PER_KEY = 8
 SMALL_BITS_PER_KEY = 16
 SMALL_FILTER_BYTES = 4 << 20
