@@ -7,6 +7,7 @@ from __future__ import annotations
 import tempfile
 import time
 from array import array
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -69,20 +70,27 @@ OPS = st.lists(st.one_of(
     st.just(("commit",))), max_size=25)
 
 
+def put_run(ki: KeyIndex, claim: bool, topic: str, keys: Sequence[str | None], seq: int, dues: list[int]) -> None:
+    """ki.put_run, the keys claimed first when `claim` (as a produce puts them: asked and added
+    to the filter in one pass, see KeyIndex.lookup_many)."""
+    claimed = None
+    if claim:
+        named = [k for k in keys if k is not None]
+        ki.lookup_many(topic, named, claim=True)
+        claimed = len(named)
+    ki.put_run(topic, keys, seq, dues, claimed)
+
+
 def put(ki: KeyIndex, op: tuple, seq: int) -> tuple[list[tuple[str, str, int, int]], int]:
     """Carry out a "put" or "run" of PUTS with messages numbered from `seq` (due 100 + their
-    number; a run claimed or not, see KeyIndex.lookup_many): the rows (topic, key, seq, due) it put, None keys left out, and the messages it took."""
+    number; a run claimed or not): the rows (topic, key, seq, due) it put, None keys left out, and
+    the messages it took."""
     if op[0] == "put":
         rows = [(t, k, seq + i, 100 + seq + i) for i, (t, k) in enumerate(op[1])]
         ki.put_many(rows)
         return rows, len(rows)
     _, t, keys, claim = op
-    claimed = None
-    if claim:  # as a produce puts them: asked and added to the filter in one pass first
-        named = [k for k in keys if k is not None]
-        ki.lookup_many(t, named, claim=True)
-        claimed = len(named)
-    ki.put_run(t, keys, seq, [100 + seq + i for i in range(len(keys))], claimed)
+    put_run(ki, claim, t, keys, seq, [100 + seq + i for i in range(len(keys))])
     return [(t, k, seq + i, 100 + seq + i) for i, k in enumerate(keys) if k is not None], len(keys)
 
 
@@ -271,13 +279,6 @@ def test_new_keys_are_answered_from_the_filter_without_a_query(tmp_path: Path) -
         assert [q for q in seen if q.startswith("SELECT")]
     finally:
         ki.close()
-
-
-def put_run(ki: KeyIndex, claim: bool, topic: str, keys: list[str], seq: int, dues: list[int]) -> None:
-    """ki.put_run, the keys claimed first when `claim` (as a produce puts them)."""
-    if claim:
-        ki.lookup_many(topic, keys, claim=True)
-    ki.put_run(topic, keys, seq, dues, len(keys) if claim else None)
 
 
 @pytest.mark.parametrize("claim", [False, True])
