@@ -34,8 +34,16 @@ def test_a_free_port_is_in_the_workers_range_and_skips_bound_ones(monkeypatch: p
                 continue
             held.append(s)
         left = set(port_range("gw1")) - {s.getsockname()[1] for s in held}
-        monkeypatch.setattr(daemon, "_picker", daemon.random.Random(7))
+        monkeypatch.setattr(daemon, "_turn", [])
         assert len(left) >= 1 and {free_port() for _ in range(3)} <= left
     finally:
         for s in held:
             s.close()
+
+
+def test_ports_handed_out_and_not_bound_yet_are_not_handed_out_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cluster picks every member's port before it starts any member."""
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw2")
+    monkeypatch.setattr(daemon, "_turn", [])
+    picked = [free_port() for _ in range(500)]
+    assert len(set(picked)) == len(picked) and set(picked) <= set(port_range("gw2"))

@@ -27,10 +27,14 @@ ROOT = Path(__file__).resolve().parents[2]
 # free_port's ports lie below Linux's ephemeral range (32768-60999 by default), so no client
 # connection's local port takes one between the pick and the server's bind; each pytest-xdist
 # worker (PYTEST_XDIST_WORKER gw0, gw1, ...; none when pytest runs alone) draws from its own
-# PORTS_PER_WORKER of them, so two workers never hand out the same port.
+# PORTS_PER_WORKER of them, so two workers never hand out the same port. Within a process the
+# ports are handed out in turn from a random start, so a port handed out and not bound yet (a
+# cluster picks all its members' ports before it starts any) is not handed out again until the
+# whole range has been.
 FIRST_PORT = 10000
 PORTS_PER_WORKER = 1000
 _picker = random.Random()
+_turn: list[int] = []  # the place in the range the next pick starts from, once drawn
 
 
 def port_range(worker: str | None) -> range:
@@ -43,11 +47,14 @@ def port_range(worker: str | None) -> range:
 
 
 def free_port() -> int:
-    """A loopback port nothing is bound to now, from this process's own range (port_range)."""
+    """A loopback port nothing is bound to now, from this process's own range (port_range), the
+    next in turn."""
     ports = port_range(os.environ.get("PYTEST_XDIST_WORKER"))
-    start = _picker.randrange(len(ports))
-    for i in range(len(ports)):
-        port = ports[(start + i) % len(ports)]
+    if not _turn:
+        _turn.append(_picker.randrange(len(ports)))
+    for _ in range(len(ports)):
+        port = ports[_turn[0] % len(ports)]
+        _turn[0] += 1
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
                 s.bind(("127.0.0.1", port))
