@@ -38,7 +38,8 @@ from delayd.storage import batch
 from delayd.storage.batch import DROW, MROW, UROW
 from delayd.storage.dispatch import Released
 from delayd.storage.errors import DiskFull, NotDurable, OutOfDescriptors
-from delayd.storage.segments import DESCRIPTOR_ERRNOS, fsync_all
+from delayd.storage.fsyncer import Fsyncer
+from delayd.storage.segments import DESCRIPTOR_ERRNOS
 from delayd.storage.store import Store
 
 log = logging.getLogger("delayd.pipeline")
@@ -544,8 +545,8 @@ class GroupCommit:
     """fsync policy `always`: one fsync serves every append that happened before it started.
 
     Appends are synchronous; a caller then awaits `durable()`. The committer fsyncs in a
-    worker thread, so requests keep appending while the disk works, and their waiters ride
-    the next fsync.
+    thread of its own (storage.fsyncer), so requests keep appending while the disk works, and
+    their waiters ride the next fsync.
     """
 
     def __init__(self, store: Store, policy: str, interval_ms: int,
@@ -557,6 +558,7 @@ class GroupCommit:
         self.fsyncs = 0
         self.durable_end = store.commit.end  # the commit log is fsynced up to here (policy `always`)
         self.last_error: BaseException | None = None
+        self.fsyncer = Fsyncer()  # the fsyncs, in a thread that never takes the GIL (storage.fsyncer)
 
     async def durable(self) -> None:
         if self.policy != "always":
@@ -567,7 +569,12 @@ class GroupCommit:
         await fut
 
     async def run(self) -> None:
-        loop = asyncio.get_running_loop()
+        try:
+            await self._rounds()
+        finally:
+            self.fsyncer.close()  # after the fsync under way, if any
+
+    async def _rounds(self) -> None:
         while True:
             if self.policy == "always":
                 await self._wake.wait()
@@ -580,7 +587,7 @@ class GroupCommit:
             end = self.store.commit.end  # what this fsync covers
             try:
                 try:
-                    fds = self.store.commit_handles()  # dup()s, for the fsync in a worker thread
+                    fds = self.store.commit_handles()  # dup()s, for the fsync in the Fsyncer's thread
                 except OSError as e:
                     if e.errno not in DESCRIPTOR_ERRNOS:
                         raise
@@ -591,7 +598,7 @@ class GroupCommit:
                     self.fsyncs += 1
                 if fds:
                     started = time.monotonic()
-                    await loop.run_in_executor(None, fsync_all, fds)
+                    await self.fsyncer.sync(fds)
                     self.fsyncs += 1
                     if self.on_fsync is not None:
                         self.on_fsync(time.monotonic() - started)

@@ -129,3 +129,40 @@ async def test_indexing_reaches_the_log_end_after_a_release(tmp_path):
     finally:
         await p.stop(timeout_s=10)
         store.close()
+
+
+async def test_group_commit_through_the_compiled_fsync_thread(tmp_path, monkeypatch):
+    """The group commit's fsyncs go through the compiled Syncer (tests/robustness checks the same
+    with the reference, through an os.fsync hook): an answer after the fsync; a failed fsync fails
+    its waiters, and the next durable() with nothing appended since fsyncs the log again."""
+    import pytest
+    from delayd.broker.pipeline import GroupCommit
+    from delayd.storage import native, segments
+    from delayd.storage.errors import NotDurable
+    from delayd.storage.recovery import open_store
+    from delayd.storage.store import NewMessage
+
+    if native.compiled() is None:
+        pytest.skip("the compiled batch core is built by pip install")
+    fault = tmp_path / "faults"
+    monkeypatch.setattr(segments, "FAULTS", segments.Faults(str(fault)))
+    store, _report = open_store(tmp_path / "data")
+    gc = GroupCommit(store, "always", 1000)
+    task = asyncio.create_task(gc.run())
+    try:
+        store.append_messages([NewMessage("t", b"x", 0)], 0)
+        await asyncio.wait_for(gc.durable(), 10)
+        assert gc.fsyncs == 1 and isinstance(gc.fsyncer._syncer, native.compiled().Syncer)
+        assert gc.durable_end == store.commit.end
+        store.append_messages([NewMessage("t", b"y", 0)], 0)
+        fault.write_text("fsync-eio")
+        with pytest.raises(NotDurable):
+            await asyncio.wait_for(gc.durable(), 10)
+        fault.write_text("")
+        await asyncio.wait_for(gc.durable(), 10)  # nothing appended since the failure
+        assert gc.fsyncs == 2, "a durable() after a failed fsync returned without fsyncing the commit log"
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        store.close()
+    assert gc.fsyncer._syncer is None  # the group commit's end stopped the thread
