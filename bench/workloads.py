@@ -288,7 +288,10 @@ class AccuracyLoad(Accuracy):
     name: ClassVar[str] = "accuracy_load"
     tag: ClassVar[str] = "accuracy-load"
     load_fraction: float = 0.5
-    calibrate_n: int = 20_000  # measure the produce rate first when no produce run did
+    # Without a produce run before it, the rate is measured first, with as many messages as the
+    # produce workload sends: 20,000 took a tenth of a second or less and measured as little as
+    # a third of the rate on a quiet 16-core host (BENCHMARKS.md), so the load was lighter than meant.
+    calibrate_n: int = 200_000
 
     @classmethod
     def smoke(cls) -> AccuracyLoad:
