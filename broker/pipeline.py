@@ -570,6 +570,7 @@ class GroupCommit:
 
     async def run(self) -> None:
         try:
+            self.fsyncer.start()
             await self._rounds()
         finally:
             self.fsyncer.close()  # after the fsync under way, if any

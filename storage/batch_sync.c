@@ -198,6 +198,12 @@ static PyObject *Syncer_submit(Syncer *s, PyObject *arg) {
     j->next = NULL;
     j->err = 0;
     pthread_mutex_lock(&s->mu);
+    if (s->stopping) {  /* close() under way in another thread: the thread may be gone */
+        pthread_mutex_unlock(&s->mu);
+        PyMem_RawFree(j);
+        PyErr_SetString(PyExc_ValueError, "Syncer: closed");
+        return NULL;
+    }
     j->id = s->next_id++;
     if (s->todo_tail) s->todo_tail->next = j; else s->todo = j;
     s->todo_tail = j;

@@ -72,6 +72,8 @@ class Syncer:
             if not 0 <= fd <= INT_MAX:
                 raise ValueError(f"fds[{i}]: {fd} is not a file descriptor")
         with self._cv:
+            if self._stopping:  # close() under way in another thread: the thread may be gone
+                raise ValueError("Syncer: closed")
             job, self._next = self._next, self._next + 1
             self._todo.append((job, [int(fd) for fd in fds]))
             self._cv.notify()
@@ -133,8 +135,10 @@ def new_syncer() -> Any:
 
 
 class Fsyncer:
-    """`await sync(fds)`: fsync and close duplicated descriptors in a Syncer's thread. Started on
-    first use on the running loop (which then watches the Syncer's fileno), stopped by `close`."""
+    """`await sync(fds)`: fsync and close duplicated descriptors in a Syncer's thread. `start` on
+    the running loop (which then watches the Syncer's fileno; the group commit starts it when it
+    starts, while descriptors are to be had: a Syncer holds a pipe), or the first `sync` does;
+    stopped by `close`."""
 
     def __init__(self) -> None:
         self._syncer: Any = None
@@ -146,7 +150,7 @@ class Fsyncer:
         try:
             segments.FAULTS.check_fsync()  # the tests' injected failure, as fsync_all has it
             if self._syncer is None:
-                self._start()
+                self.start()
             assert self._loop is not None
             job = self._syncer.submit(fds)
         except BaseException:
@@ -158,7 +162,9 @@ class Fsyncer:
         self._waiting[job] = fut
         await fut
 
-    def _start(self) -> None:
+    def start(self) -> None:
+        if self._syncer is not None:
+            return
         loop = asyncio.get_running_loop()
         syncer = new_syncer()
         try:

@@ -8,6 +8,7 @@ import asyncio
 import errno
 import os
 import select
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -213,3 +214,25 @@ def test_the_reference_runs_where_os_fsync_was_replaced(monkeypatch: pytest.Monk
     s = fsyncer.new_syncer()
     assert isinstance(s, Syncer)
     s.close()
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_a_submit_while_closing_is_refused(impl: str, opener: Callable[[str], int]) -> None:
+    """close() lets the GIL go while it waits for the thread: a submit from another thread then
+    must be refused, not queued behind a thread that is gone (its fds would never be closed)."""
+    s = IMPLS[impl]()
+    slow = [opener("file") for _ in range(200)]
+    s.submit(slow)  # keeps the thread busy while close() waits
+    closing = threading.Thread(target=s.close)
+    closing.start()
+    fds = []
+    while closing.is_alive():
+        fd = opener("file")
+        try:
+            s.submit([fd])
+            fds.append(fd)
+        except ValueError:
+            os.close(fd)
+            break
+    closing.join()
+    assert not [fd for fd in [*slow, *fds] if is_open(fd)], "a job submitted before close() was not finished"
