@@ -130,7 +130,9 @@ static void free_jobs(Job *j) {
 /* Stop the thread once it has finished every job submitted; the jobs not handed out by done()
  * are dropped (their fds are closed all the same). */
 static void syncer_stop(Syncer *s) {
-    if (!s->started || s->closed) return;
+    /* stopping is set with the GIL held: a close() from a second thread, while the first waits
+     * for the thread without the GIL, returns at once instead of joining it twice */
+    if (!s->started || s->closed || s->stopping) return;
     pthread_mutex_lock(&s->mu);
     s->stopping = 1;
     pthread_cond_signal(&s->cv);

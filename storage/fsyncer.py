@@ -112,9 +112,9 @@ class Syncer:
         return out
 
     def close(self) -> None:
-        if self._closed:
-            return
         with self._cv:
+            if self._closed or self._stopping:  # closed, or a close() in another thread
+                return
             self._stopping = True
             self._cv.notify()
         self._thread.join()

@@ -236,3 +236,27 @@ def test_a_submit_while_closing_is_refused(impl: str, opener: Callable[[str], in
             break
     closing.join()
     assert not [fd for fd in [*slow, *fds] if is_open(fd)], "a job submitted before close() was not finished"
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_close_from_two_threads_at_once(impl: str, opener: Callable[[str], int]) -> None:
+    """The second close() returns while the first waits for the thread: neither joins it twice
+    nor closes the pipe twice (a descriptor number closed twice may be another file's by then)."""
+    s = IMPLS[impl]()
+    s.submit([opener("file") for _ in range(200)])  # keeps the thread busy while close() waits
+    errors: list[BaseException] = []
+
+    def close() -> None:
+        try:
+            s.close()
+        except BaseException as e:  # noqa: BLE001 - a thread's exception would go unseen
+            errors.append(e)
+
+    closers = [threading.Thread(target=close) for _ in range(4)]
+    for t in closers:
+        t.start()
+    for t in closers:
+        t.join(10)
+        assert not t.is_alive()
+    s.close()
+    assert errors == []
