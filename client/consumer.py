@@ -275,7 +275,11 @@ class AsyncConsumer:
         waiting = self._waiting.setdefault(kind, [])
         waiting.append((m, done))
         senders = self._senders.setdefault(kind, set())
-        if not senders or len(waiting) >= self.ack_batch_max:  # a whole batch need not wait
+        # A sender is done once it found nothing waiting, but leaves the set only when its done
+        # callback runs: in between, one that counted as busy would leave this entry unsent (and
+        # its handler's slot taken for good).
+        whole = len(waiting) >= self.ack_batch_max  # a whole batch need not wait
+        if whole or all(task.done() for task in senders):
             task = asyncio.ensure_future(self._send(kind))
             senders.add(task)
             task.add_done_callback(senders.discard)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 from delayd.client import AsyncClient, AsyncConsumer, Client, Consumer, ReceivedMessage
@@ -228,6 +229,28 @@ async def test_idle_timeout_and_max_messages(fake: FakeBroker) -> None:
         stats = await asyncio.wait_for(
             AsyncConsumer(c, "t", "g", handler, idle_timeout_s=0.2, wait_ms=50).run(), 5)
         assert stats.received == 2
+
+
+async def test_an_ack_made_right_after_the_sender_finished_is_sent() -> None:
+    """A handler that settles after the ack sender found nothing more to send, but before the
+    sender's done callback took it out of its set, gets a sender of its own. It waited forever
+    (and its slot with it: test_sync_consumer_with_blocking_handler hung once under load)."""
+    sent: list[list[str]] = []
+
+    class InstantClient:  # answers without suspending, as a broker that is quick enough can
+        async def ack(self, topic: str, group: str, messages: list[SimpleNamespace]) -> SimpleNamespace:
+            sent.append([m.receipt for m in messages])
+            return SimpleNamespace(stale=[])
+
+    consumer = AsyncConsumer(InstantClient(), "t", "g", lambda m: None)  # type: ignore[arg-type]
+    m1, m2 = (SimpleNamespace(id=str(i), receipt=f"r{i}") for i in (1, 2))
+
+    async def second() -> None:
+        await asyncio.sleep(0)  # runs right after the sender ends, its done callback still queued
+        await consumer._settle("ack", m2, None)  # type: ignore[arg-type]
+
+    await asyncio.wait_for(asyncio.gather(consumer._settle("ack", m1, None), second()), 5)  # type: ignore[arg-type]
+    assert sent == [["r1"], ["r2"]]
 
 
 def test_sync_consumer_with_blocking_handler(fake: FakeBroker, no_thread_leak: None) -> None:
