@@ -194,28 +194,27 @@ def summarize(path: str) -> str:
     gaps = cpu = runnable = 0.0
     n = faults = with_cp = 0
     per_call: dict[str, list[float]] = collections.defaultdict(list)
-    with open(path) as f:
-        lines_in = f.readlines()
-    for line in lines_in:
-        if not line.startswith("GAP "):
-            continue
-        head, _, rest = line.partition(" | ")
-        ran, _, cp = rest.partition(" || ")
-        f = head.split()
-        n += 1
-        gaps, cpu, runnable, faults = gaps + float(f[1]), cpu + float(f[5]), runnable + float(f[7]), faults + int(f[9])
-        with_cp += bool(cp.strip())
-        for piece in ran.split():
-            label, _, ms = piece.partition("=")
-            name, _, calls = label.rpartition("x")
-            per_call[name].append(float(ms) / int(calls))
+    with open(path) as lines:
+        for line in lines:
+            if not line.startswith("GAP "):
+                continue
+            head, _, rest = line.partition(" | ")
+            ran, _, cp = rest.partition(" || ")
+            h = head.split()
+            n += 1
+            gaps, cpu, runnable, faults = gaps + float(h[1]), cpu + float(h[5]), runnable + float(h[7]), faults + int(h[9])
+            with_cp += bool(cp.strip())
+            for piece in ran.split():
+                label, _, ms = piece.partition("=")
+                name, _, calls = label.rpartition("x")
+                per_call[name].append(float(ms) / int(calls))
     if not n:
         return f"{path}: no gap"
-    lines = [f"{n} gaps, {gaps:.0f} ms: on a CPU {cpu:.0f}, runnable {runnable:.0f}, "
-             f"asleep {max(0.0, gaps - cpu - runnable):.0f}; minor faults {faults}; the checkpoint in {with_cp}"]
+    out = [f"{n} gaps, {gaps:.0f} ms: on a CPU {cpu:.0f}, runnable {runnable:.0f}, "
+           f"asleep {max(0.0, gaps - cpu - runnable):.0f}; minor faults {faults}; the checkpoint in {with_cp}"]
     for name, xs in sorted(per_call.items(), key=lambda kv: -sum(kv[1])):
-        lines.append(f"  {name}: in {len(xs)} gaps, median {statistics.median(xs):.2f} ms a call, max {max(xs):.2f}")
-    return "\n".join(lines)
+        out.append(f"  {name}: in {len(xs)} gaps, median {statistics.median(xs):.2f} ms a call, max {max(xs):.2f}")
+    return "\n".join(out)
 
 
 def main(argv: list[str]) -> int:
