@@ -377,6 +377,7 @@ BATCH_HIDDEN PyObject *filter_add(PyObject *self, PyObject *args);
 BATCH_HIDDEN PyObject *filter_maybe(PyObject *self, PyObject *args);
 BATCH_HIDDEN PyObject *filter_claim(PyObject *self, PyObject *args);
 BATCH_HIDDEN PyObject *key_order(PyObject *self, PyObject *args);
+BATCH_HIDDEN PyObject *key_rows_json(PyObject *self, PyObject *args);
 
 /* batch_sync.c: the group commit's fsync thread */
 BATCH_HIDDEN extern PyTypeObject SyncerType;

@@ -281,3 +281,245 @@ done:
     Py_DECREF(held);
     return out;
 }
+
+/* ------------------------------------------------------------------------------------------ */
+/* key_rows_json(runs, order, dues, limit): the rows the key index writes for put_runs, each run a
+ * tuple (topic, keys, first_seq, ...), in key_order's `order`, with `dues` (each key's due time as
+ * i64, laid end to end, None counted), as the JSON text SQLite's json_each reads: a list of
+ * (topic, text) chunks of at most `limit` rows of one topic, each `[[key,seq,deliver_at],...]`
+ * exactly as json.dumps writes it (compact, not ASCII-escaped); and, as u64s, the places of keys
+ * holding a NUL, which SQLite's JSON functions cut short (the caller binds those). Specified by
+ * storage/keyindex.py's key_rows_json. The text is written without the GIL. */
+
+typedef struct {
+    const char *key;  /* NULL: no key (None) */
+    Py_ssize_t key_len, run;
+    int64_t seq;
+} KrKey;
+
+typedef struct {
+    const char *topic;
+    Py_ssize_t topic_len;
+} KrRun;
+
+static inline size_t kr_escaped(const char *s, Py_ssize_t n) {
+    size_t m = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\' || c == '\b' || c == '\f' || c == '\n' || c == '\r' || c == '\t') m += 2;
+        else if (c < 0x20) m += 6;
+        else m += 1;
+    }
+    return m;
+}
+
+static inline char *kr_escape(char *o, const char *s, Py_ssize_t n) {
+    static const char hex[] = "0123456789abcdef";
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        switch (c) {
+        case '"': *o++ = '\\'; *o++ = '"'; break;
+        case '\\': *o++ = '\\'; *o++ = '\\'; break;
+        case '\b': *o++ = '\\'; *o++ = 'b'; break;
+        case '\f': *o++ = '\\'; *o++ = 'f'; break;
+        case '\n': *o++ = '\\'; *o++ = 'n'; break;
+        case '\r': *o++ = '\\'; *o++ = 'r'; break;
+        case '\t': *o++ = '\\'; *o++ = 't'; break;
+        default:
+            if (c < 0x20) {
+                memcpy(o, "\\u00", 4);
+                o[4] = hex[c >> 4];
+                o[5] = hex[c & 15];
+                o += 6;
+            } else {
+                *o++ = (char)c;
+            }
+        }
+    }
+    return o;
+}
+
+#define KR_INT_MAX 20  /* "-9223372036854775808" */
+
+static inline char *kr_int(char *o, int64_t v) {
+    char tmp[KR_INT_MAX];
+    int n = 0;
+    uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
+    do { tmp[n++] = (char)('0' + u % 10); u /= 10; } while (u);
+    if (v < 0) *o++ = '-';
+    while (n) *o++ = tmp[--n];
+    return o;
+}
+
+static inline int kr_same_topic(const KrRun *a, const KrRun *b) {
+    return a == b || (a->topic_len == b->topic_len && !memcmp(a->topic, b->topic, (size_t)a->topic_len));
+}
+
+PyObject *key_rows_json(PyObject *self, PyObject *args) {
+    PyObject *runs, *order_o, *dues_o, *limit_o, *held = NULL, *out = NULL, *chunks = NULL, *rest = NULL;
+    KrKey *k = NULL;
+    KrRun *rn = NULL;
+    int64_t *first = NULL;
+    Py_ssize_t *rows = NULL, *ends = NULL;
+    char *text = NULL;
+    Buf order = {.held = 0}, dues = {.held = 0};
+    if (!PyArg_ParseTuple(args, "OOOO", &runs, &order_o, &dues_o, &limit_o)) return NULL;
+    if (!PyLong_Check(limit_o)) { PyErr_SetString(PyExc_TypeError, "limit: expected an int"); return NULL; }
+    if (!PyList_Check(runs)) { PyErr_SetString(PyExc_TypeError, "runs: expected a list"); return NULL; }
+    Py_ssize_t nruns = PyList_GET_SIZE(runs);
+    held = PyList_New(nruns);  /* (topic, a copy of keys) per run: `runs` may change meanwhile */
+    first = PyMem_Malloc(nruns ? (size_t)nruns * sizeof *first : 1);
+    rn = PyMem_Malloc(nruns ? (size_t)nruns * sizeof *rn : 1);
+    if (!held || !first || !rn) { if (held) PyErr_NoMemory(); goto done; }
+    Py_ssize_t n = 0;
+    for (Py_ssize_t r = 0; r < nruns; r++) {
+        PyObject *run = PyList_GET_ITEM(runs, r);
+        if (!PyTuple_Check(run) || PyTuple_GET_SIZE(run) < 3) {
+            PyErr_Format(PyExc_TypeError, "run %zd: expected a tuple (topic, keys, first_seq, ...)", r);
+            goto done;
+        }
+        PyObject *topic = PyTuple_GET_ITEM(run, 0), *keys = PyTuple_GET_ITEM(run, 1), *seq = PyTuple_GET_ITEM(run, 2);
+        if (!PyUnicode_Check(topic)) { PyErr_Format(PyExc_TypeError, "run %zd: topic must be a str", r); goto done; }
+        if (!PyList_Check(keys) && !PyTuple_Check(keys)) {
+            PyErr_Format(PyExc_TypeError, "run %zd: keys must be a list or a tuple", r);
+            goto done;
+        }
+        if (!PyLong_Check(seq)) { PyErr_Format(PyExc_TypeError, "run %zd: first_seq must be an int", r); goto done; }
+        int overflow = 0;
+        long long s = PyLong_AsLongLongAndOverflow(seq, &overflow);
+        if (s == -1 && PyErr_Occurred()) goto done;
+        Py_ssize_t len = PySequence_Fast_GET_SIZE(keys);
+        if (overflow || s < 0 || s > INT64_MAX - (long long)len) {
+            PyErr_Format(PyExc_ValueError, "run %zd: sequence numbers out of range", r);
+            goto done;
+        }
+        first[r] = (int64_t)s;
+        PyObject *copy = PySequence_Tuple(keys);
+        if (!copy) goto done;
+        PyObject *pair = PyTuple_Pack(2, topic, copy);
+        Py_DECREF(copy);
+        if (!pair) goto done;
+        PyList_SET_ITEM(held, r, pair);
+        n += len;
+    }
+    k = PyMem_Malloc(n ? (size_t)n * sizeof *k : 1);
+    if (!k) { PyErr_NoMemory(); goto done; }
+    Py_ssize_t place = 0;
+    for (Py_ssize_t r = 0; r < nruns; r++) {
+        PyObject *pair = PyList_GET_ITEM(held, r), *keys = PyTuple_GET_ITEM(pair, 1);
+        rn[r].topic = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(pair, 0), &rn[r].topic_len);
+        if (!rn[r].topic) goto done;  /* not encodable (a lone surrogate): UnicodeEncodeError */
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(keys); i++, place++) {
+            PyObject *key = PyTuple_GET_ITEM(keys, i);
+            k[place].run = r;
+            k[place].seq = first[r] + (int64_t)i;
+            k[place].key = NULL;
+            k[place].key_len = 0;
+            if (key == Py_None) continue;
+            if (!PyUnicode_Check(key)) {
+                PyErr_Format(PyExc_TypeError, "run %zd, key %zd: expected a str or None", r, i);
+                goto done;
+            }
+            k[place].key = PyUnicode_AsUTF8AndSize(key, &k[place].key_len);
+            if (!k[place].key) goto done;
+        }
+    }
+    if (buf_get(dues_o, &dues, 0, "dues") < 0) goto done;
+    if (dues.view.len != 8 * n) {
+        PyErr_Format(PyExc_ValueError, "dues: %zd bytes for %zd keys", dues.view.len, n);
+        goto done;
+    }
+    if (buf_get(order_o, &order, 0, "order") < 0) goto done;
+    if (order.view.len % 8) { PyErr_SetString(PyExc_ValueError, "order: not a whole number of u64s"); goto done; }
+    int big = 0;
+    long long limit = PyLong_AsLongLongAndOverflow(limit_o, &big);
+    if (limit == -1 && PyErr_Occurred()) goto done;
+    if (big) limit = big < 0 ? -1 : LLONG_MAX;
+    if (limit < 1) { PyErr_SetString(PyExc_ValueError, "limit: at least one row a chunk"); goto done; }
+    Py_ssize_t norder = order.view.len / 8, nrows = 0, nrest = 0;
+    const uint8_t *ob = order.view.buf;
+    rows = PyMem_Malloc(norder ? (size_t)norder * sizeof *rows : 1);  /* places written as JSON */
+    rest = PyBytes_FromStringAndSize(NULL, norder * 8);  /* places bound by the caller (trimmed below) */
+    if (!rows || !rest) { if (rest) PyErr_NoMemory(); goto done; }
+    uint8_t *rb = (uint8_t *)PyBytes_AS_STRING(rest);
+    for (Py_ssize_t j = 0; j < norder; j++) {
+        uint64_t p = rd64(ob + 8 * j);
+        if (p >= (uint64_t)n || !k[p].key) {
+            PyErr_Format(PyExc_ValueError, "order: place %llu names no key", (unsigned long long)p);
+            goto done;
+        }
+        if (memchr(k[p].key, 0, (size_t)k[p].key_len)) wr64(rb + 8 * nrest++, p);
+        else rows[nrows++] = (Py_ssize_t)p;
+    }
+    if (_PyBytes_Resize(&rest, nrest * 8) < 0) goto done;
+    ends = PyMem_Malloc(((size_t)nrows + 1) * 2 * sizeof *ends);  /* per chunk: its rows' end, its text's end */
+    if (!ends) { PyErr_NoMemory(); goto done; }
+    Py_ssize_t nchunks = 0, *tends = ends + nrows + 1;
+    for (Py_ssize_t j = 0, start = 0; j <= nrows; j++) {
+        if (j > start && (j == nrows || (long long)(j - start) == limit ||
+                          !kr_same_topic(&rn[k[rows[j]].run], &rn[k[rows[start]].run]))) {
+            ends[nchunks++] = j;
+            start = j;
+        }
+    }
+    /* The text of every chunk, laid end to end, without the GIL: the strings stay alive (held),
+     * and the buffers are only read. */
+    const uint8_t *due = dues.view.buf;
+    size_t size = 1;
+    int nomem = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t j = 0; j < nrows; j++)  /* ,["key",seq,due] and a chunk's [ ] */
+        size += 6 + kr_escaped(k[rows[j]].key, k[rows[j]].key_len) + 2 * KR_INT_MAX + 2;
+    text = PyMem_RawMalloc(size);
+    if (!text) nomem = 1;
+    else {
+        char *o = text;
+        for (Py_ssize_t c = 0, j = 0; c < nchunks; c++) {
+            *o++ = '[';
+            for (Py_ssize_t start = j; j < ends[c]; j++) {
+                const KrKey *key = &k[rows[j]];
+                int64_t d;
+                memcpy(&d, due + 8 * rows[j], 8);
+                if (j > start) *o++ = ',';
+                *o++ = '[';
+                *o++ = '"';
+                o = kr_escape(o, key->key, key->key_len);
+                *o++ = '"';
+                *o++ = ',';
+                o = kr_int(o, key->seq);
+                *o++ = ',';
+                o = kr_int(o, d);
+                *o++ = ']';
+            }
+            *o++ = ']';
+            tends[c] = o - text;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (nomem) { PyErr_NoMemory(); goto done; }
+    chunks = PyList_New(nchunks);
+    if (!chunks) goto done;
+    for (Py_ssize_t c = 0; c < nchunks; c++) {
+        Py_ssize_t at = c ? tends[c - 1] : 0, first_row = c ? ends[c - 1] : 0;
+        PyObject *s = PyUnicode_DecodeUTF8(text + at, tends[c] - at, "strict");
+        if (!s) goto done;
+        PyObject *pair = PyTuple_Pack(2, PyTuple_GET_ITEM(PyList_GET_ITEM(held, k[rows[first_row]].run), 0), s);
+        Py_DECREF(s);
+        if (!pair) goto done;
+        PyList_SET_ITEM(chunks, c, pair);
+    }
+    out = PyTuple_Pack(2, chunks, rest);
+done:
+    buf_release(&order);
+    buf_release(&dues);
+    PyMem_RawFree(text);
+    PyMem_Free(ends);
+    PyMem_Free(rows);
+    PyMem_Free(k);
+    PyMem_Free(rn);
+    PyMem_Free(first);
+    Py_XDECREF(chunks);
+    Py_XDECREF(rest);
+    Py_XDECREF(held);
+    return out;
+}

@@ -33,6 +33,7 @@ written).
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import sqlite3
 import sys
@@ -144,6 +145,77 @@ def key_order(runs: list[tuple[Any, ...]]) -> bytes:
     return array("Q", [code for _, _, code in found]).tobytes()
 
 
+I64_MAX = (1 << 63) - 1
+
+
+def key_rows_json(runs: list[tuple[Any, ...]], order: bytes, dues: Any, limit: int) -> tuple[list[tuple[str, str]], bytes]:
+    """The rows `apply` writes for consecutive put_runs, each run a tuple (topic, keys,
+    first_seq, ...) whose message `first_seq + i` holds `keys[i]`, taken in `order` (key_order's
+    places) and with `dues` (each key's due time laid end to end as i64, None counted), as the
+    JSON text `PUT_JSON` reads with SQLite's json_each: chunks of at most `limit` rows of one
+    topic, each `[[key, seq, deliver_at], ...]` (json.dumps, compact, not ASCII-escaped). A key
+    holding a NUL is left out (SQLite's JSON functions cut a string at it) and its place
+    returned, as u64s, for `put_rows` to bind. The reference of the compiled `key_rows_json`
+    (storage/batch_keys.c), which writes the text without holding the GIL: the checkpoint's
+    thread then holds it for a few microseconds a chunk instead of binding four parameters a
+    key, and the event loop does not wait for it (BENCHMARKS.md)."""
+    if not isinstance(limit, int):
+        raise TypeError("limit: expected an int")
+    if not isinstance(runs, list):
+        raise TypeError("runs: expected a list")
+    for r, run in enumerate(runs):
+        if not isinstance(run, tuple) or len(run) < 3:
+            raise TypeError(f"run {r}: expected a tuple (topic, keys, first_seq, ...)")
+        if not isinstance(run[0], str):
+            raise TypeError(f"run {r}: topic must be a str")
+        if not isinstance(run[1], (list, tuple)):
+            raise TypeError(f"run {r}: keys must be a list or a tuple")
+        if not isinstance(run[2], int):
+            raise TypeError(f"run {r}: first_seq must be an int")
+        if not 0 <= run[2] <= I64_MAX - len(run[1]):
+            raise ValueError(f"run {r}: sequence numbers out of range")
+    flat: list[tuple[str, str | None, int]] = []
+    for r, (topic, keys, first_seq, *_) in enumerate(runs):
+        topic.encode()  # not encodable (a lone surrogate): UnicodeEncodeError
+        for i, key in enumerate(keys):
+            if key is not None:
+                if not isinstance(key, str):
+                    raise TypeError(f"run {r}, key {i}: expected a str or None")
+                key.encode()
+            flat.append((topic, key, first_seq + i))
+    due = memoryview(dues).cast("B")
+    if len(due) != 8 * len(flat):
+        raise ValueError(f"dues: {len(due)} bytes for {len(flat)} keys")
+    due_at = array("q")
+    due_at.frombytes(due)
+    places = array("Q")
+    view = memoryview(order).cast("B")
+    if len(view) % 8:
+        raise ValueError("order: not a whole number of u64s")
+    places.frombytes(view)
+    if limit < 1:
+        raise ValueError("limit: at least one row a chunk")
+    chunks: list[tuple[str, str]] = []
+    rest: list[int] = []
+    rows: list[list[Any]] = []
+    at_topic = ""
+    for place in places:
+        if place >= len(flat) or flat[place][1] is None:
+            raise ValueError(f"order: place {place} names no key")
+        topic, key, seq = flat[place]
+        if "\0" in key:  # type: ignore[operator]
+            rest.append(place)
+            continue
+        if rows and (topic != at_topic or len(rows) == limit):
+            chunks.append((at_topic, json.dumps(rows, separators=(",", ":"), ensure_ascii=False)))
+            rows = []
+        at_topic = topic
+        rows.append([key, seq, due_at[place]])
+    if rows:
+        chunks.append((at_topic, json.dumps(rows, separators=(",", ":"), ensure_ascii=False)))
+    return chunks, array("Q", rest).tobytes()
+
+
 _compiled = native.compiled()
 ops: Any = _compiled if _compiled is not None else sys.modules[__name__]
 
@@ -171,6 +243,23 @@ def insert_rows(db: sqlite3.Connection, head: str, row: str, width: int, rows: I
     per = max(1, INSERT_PARAMS // width) * width
     while params := list(islice(flat, per)):
         db.execute(_insert_sql(head, row, len(params) // width), params)
+
+
+# The same rows from the JSON text of `key_rows_json` ([[key, seq, deliver_at], ...] of one topic):
+# SQLite makes them in one step, with the GIL let go, where binding four parameters a row holds
+# it (json_each keeps the array's order, so a later row of a key still replaces an earlier one).
+PUT_JSON = ("INSERT OR REPLACE INTO keys (topic, key, seq, deliver_at, done_at) SELECT ?, "
+            "json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]'), NULL "
+            "FROM json_each(?)")
+JSON_ROWS = 8192  # rows a PUT_JSON statement (about 40 bytes of text a row)
+
+
+def has_json(db: sqlite3.Connection) -> bool:
+    """Whether this SQLite has the JSON functions (built in since 3.38, an extension before)."""
+    try:
+        return db.execute("SELECT json_extract(value, '$[0]') FROM json_each('[[7]]')").fetchone() == (7,)
+    except sqlite3.OperationalError:
+        return False
 
 
 def put_rows(db: sqlite3.Connection, rows: Iterable[tuple[str, str | None, int, int]]) -> None:
@@ -341,6 +430,7 @@ class KeyIndex:
             self.db.close()
             raise
         self.writer = self._connect(cache_kib)
+        self.json_rows = has_json(self.writer)  # `_put_runs` writes keys as JSON text
         self._ops: list[Op] = []
         self._queued = 0  # keys put in `_ops`
         self._writing = 0  # keys put in the operations `apply` is writing
@@ -549,15 +639,30 @@ class KeyIndex:
         w.commit()
 
     def _put_runs(self, runs: list[tuple[str, Sequence[str | None], int, Sequence[int]]]) -> None:
-        """Write the keys of consecutive runs in key order (`key_order`). The rows are taken from
-        the runs laid end to end by C-level iterators (no Python code per row: this thread
-        holds the GIL while it makes them)."""
+        """Write the keys of consecutive runs in key order (`key_order`): as JSON text that
+        SQLite's json_each reads (`key_rows_json`, made without the GIL; SQLite then steps
+        through a chunk of rows with the GIL let go), and the keys that cannot go that way
+        (a NUL; every key where SQLite has no JSON functions) as bound parameters, taken from
+        the runs laid end to end by C-level iterators (no Python code per row)."""
         if not runs:
             return
-        at = array("Q", ops.key_order(runs))
+        order = ops.key_order(runs)
+        dues = array("q")
+        for run in runs:
+            d = run[3]
+            if isinstance(d, (array, memoryview)) and d.itemsize == 8:
+                dues.frombytes(memoryview(d).cast("B"))
+            else:
+                dues.extend(d)
+        if self.json_rows:
+            chunks, order = ops.key_rows_json(runs, order, dues, JSON_ROWS)
+            for topic, text in chunks:
+                self.writer.execute(PUT_JSON, (topic, text))
+            if not order:
+                return
+        at = array("Q", order)
         keys = list(chain.from_iterable(run[1] for run in runs))
         seqs = array("q", chain.from_iterable(range(run[2], run[2] + len(run[1])) for run in runs))
-        dues = array("q", chain.from_iterable(run[3] for run in runs))
         topics = list(chain.from_iterable(repeat(run[0], len(run[1])) for run in runs))
         put_rows(self.writer, zip(map(topics.__getitem__, at), map(keys.__getitem__, at),
                                   map(seqs.__getitem__, at), map(dues.__getitem__, at), strict=True))

@@ -1,10 +1,12 @@
-"""The key index's write order (storage/keyindex.py `key_order`): the compiled function against
-the Python reference, byte for byte, damaged input included; and what `apply` relies on: the
-order is SQLite's (topic, key) order and keeps the given order of one pair's keys. `make asan`
+"""The key index's write order and rows (storage/keyindex.py `key_order`, `key_rows_json`): the
+compiled functions against the Python references, byte for byte, damaged input included; and
+what `apply` relies on: the order is SQLite's (topic, key) order and keeps the given order of one
+pair's keys, and the JSON rows put into SQLite are the rows bound one by one would be. `make asan`
 runs this file with AddressSanitizer."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from array import array
 from typing import Any
@@ -65,4 +67,76 @@ def test_compiled_order_matches_the_reference_and_sqlite(runs: list[tuple[str, A
 def test_damaged_input_is_the_same_error_in_both(runs: Any) -> None:
     got = outcome(c.key_order, runs)
     assert got == outcome(ref.key_order, runs)
+    assert got[0] == "error"
+
+
+# Keys json.dumps escapes, and the NUL that SQLite's JSON functions cut a string at.
+ODD = st.sampled_from(["a\x00b", "\x00", 'q"', "back\\", "\n\t\r\b\f", "\x01\x1f\x7f", "\u2028", "é", "𝄞"])
+ROW_KEYS = st.lists(st.none() | ODD | st.sampled_from(["k", "k0", "K"]) | TEXT.filter(bool), max_size=12)
+ROW_RUNS = st.lists(st.tuples(TOPICS, ROW_KEYS | ROW_KEYS.map(tuple), st.integers(0, 2**40)), max_size=8)
+I64 = st.integers(-(2**63), 2**63 - 1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(runs=ROW_RUNS, data=st.data(), limit=st.integers(1, 5))
+def test_compiled_rows_match_the_reference_and_sqlite_stores_them(runs: list[tuple[str, Any, int]],
+                                                                    data: st.DataObject, limit: int) -> None:
+    n = sum(len(keys) for _, keys, _ in runs)
+    dues = array("q", data.draw(st.lists(I64, min_size=n, max_size=n)))
+    order = ref.key_order(runs)
+    got = c.key_rows_json(runs, order, dues, limit)
+    assert got == ref.key_rows_json(runs, order, dues, limit)
+    chunks, rest = got
+    flat = [(topic, k, first + i) for topic, keys, first in runs for i, k in enumerate(keys)]
+    assert all(1 <= len(json.loads(text)) <= limit for _, text in chunks)
+    # Written as apply writes them: the JSON chunks, then the rest bound; the same table as
+    # every row bound in key order (a later row of a pair replacing an earlier one).
+    tables = []
+    for via_json in (True, False):
+        db = sqlite3.connect(":memory:")
+        db.execute("CREATE TABLE keys (topic TEXT NOT NULL, key TEXT NOT NULL, seq INTEGER NOT NULL, "
+                   "deliver_at INTEGER NOT NULL, done_at INTEGER, PRIMARY KEY (topic, key)) WITHOUT ROWID")
+        places = array("Q", rest if via_json else order)
+        if via_json:
+            for topic, text in chunks:
+                db.execute(ref.PUT_JSON, (topic, text))
+        ref.put_rows(db, [(flat[p][0], flat[p][1], flat[p][2], dues[p]) for p in places])
+        tables.append(db.execute("SELECT topic, key, seq, deliver_at, done_at FROM keys ORDER BY topic, key").fetchall())
+    assert tables[0] == tables[1]
+    assert sorted(array("Q", rest)) == sorted(p for p in array("Q", order) if "\x00" in flat[p][1])
+
+
+ROWS_OK = ([("t", ["a", None, "b"], 5)], array("Q", [0, 2]).tobytes(), array("q", [1, 2, 3]).tobytes(), 2)
+
+
+@pytest.mark.parametrize("args", [
+    (("t", ["k"], 1), *ROWS_OK[1:]),  # runs not a list
+    ([["t", ["k"], 1]], *ROWS_OK[1:]),  # a run that is not a tuple
+    ([("t", ["k"])], *ROWS_OK[1:]),  # no first_seq
+    ([(b"t", ["k"], 1)], *ROWS_OK[1:]),
+    ([("t", "k", 1)], *ROWS_OK[1:]),
+    ([("t", ["k"], 1.0)], *ROWS_OK[1:]),
+    ([("t", ["k"], -1)], *ROWS_OK[1:]),
+    ([("t", ["k"], 2**63 - 1)], *ROWS_OK[1:]),  # its seq would not fit an i64
+    ([("t", ["k"], 2**70)], *ROWS_OK[1:]),
+    ([("t", ["a", 5, "b"], 5)], *ROWS_OK[1:]),
+    ([("t", ["a", "\ud800", "b"], 5)], *ROWS_OK[1:]),
+    ([("\udfff", ["a", None, "b"], 5)], *ROWS_OK[1:]),
+    (ROWS_OK[0], ROWS_OK[1], array("q", [1, 2]).tobytes(), 2),  # a due time missing
+    (ROWS_OK[0], ROWS_OK[1], None, 2),
+    (ROWS_OK[0], ROWS_OK[1][:-1], *ROWS_OK[2:]),  # order cut short
+    (ROWS_OK[0], "abcdefgh", *ROWS_OK[2:]),
+    (ROWS_OK[0], "abc", *ROWS_OK[2:]),
+    (ROWS_OK[0], 8, *ROWS_OK[2:]),
+    (ROWS_OK[0], array("Q", [1]).tobytes(), *ROWS_OK[2:]),  # names a None
+    (ROWS_OK[0], array("Q", [3]).tobytes(), *ROWS_OK[2:]),  # past the end
+    (ROWS_OK[0], array("Q", [2**64 - 1]).tobytes(), *ROWS_OK[2:]),
+    (*ROWS_OK[:3], 0),
+    (*ROWS_OK[:3], -(2**70)),
+    (*ROWS_OK[:3], 2.0),
+])
+def test_damaged_rows_input_is_the_same_error_in_both(args: tuple[Any, ...]) -> None:
+    assert outcome(c.key_rows_json, *ROWS_OK) == outcome(ref.key_rows_json, *ROWS_OK)
+    got = outcome(c.key_rows_json, *args)
+    assert got == outcome(ref.key_rows_json, *args)
     assert got[0] == "error"

@@ -4,6 +4,7 @@ key filter in front of both: built in a thread, never missing a key put meanwhil
 
 from __future__ import annotations
 
+import sqlite3
 import tempfile
 import time
 from array import array
@@ -400,3 +401,30 @@ def test_reset_forgets_the_filter_too(tmp_path: Path) -> None:
         assert ki.lookup("t", "old") == (7, 7, None)
     finally:
         ki.close()
+
+
+ODD_KEYS = ["a\x00b", "\x00", 'q"', "back\\", "\n\t\r\b\f", "\x01\x1f\x7f", "\u2028", "é", "𝄞", "plain", "a\x00b"]
+
+
+@pytest.mark.parametrize("json_rows", [True, False])
+def test_put_run_stores_any_key_as_put_many_does(tmp_path: Path, json_rows: bool) -> None:
+    """The JSON rows (`key_rows_json`) and the bound rows they fall back to (a key holding a NUL,
+    which SQLite's JSON functions cut short; an SQLite without them) store the same table."""
+    ref, run = KeyIndex(tmp_path / "ref.sqlite"), KeyIndex(tmp_path / "run.sqlite")
+    try:
+        if sqlite3.sqlite_version_info >= (3, 38):
+            assert run.json_rows  # built in since 3.38: the probe must see them
+        run.json_rows = json_rows
+        for topic, first in (("a", 1), ("b", 100), ("a", 200)):
+            keys: list[str | None] = [*ODD_KEYS, None, f"k{first}"]
+            dues = array("q", [7 * first + i for i in range(len(keys))])
+            ref.put_many([(topic, k, first + i, dues[i]) for i, k in enumerate(keys) if k is not None])
+            run.put_run(topic, keys, first, memoryview(dues.tobytes()).cast("q"))
+        ref.commit(300)
+        run.commit(300)
+        assert rows_of(run) == rows_of(ref)
+        assert len(rows_of(run)) == 2 * (len(set(ODD_KEYS)) + 1) + 1
+        assert run.lookup_many("a", ["a\x00b", "\x00"]) == {"a\x00b": (210, 1400 + 10, None), "\x00": (201, 1401, None)}
+    finally:
+        ref.close()
+        run.close()
