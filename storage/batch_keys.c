@@ -284,22 +284,28 @@ done:
 
 /* ------------------------------------------------------------------------------------------ */
 /* key_rows_json(runs, order, dues, limit): the rows the key index writes for put_runs, each run a
- * tuple (topic, keys, first_seq, ...), in key_order's `order`, with `dues` (each key's due time as
- * i64, laid end to end, None counted), as the JSON text SQLite's json_each reads: a list of
- * (topic, text) chunks of at most `limit` rows of one topic, each `[[key,seq,deliver_at],...]`
- * exactly as json.dumps writes it (compact, not ASCII-escaped); and, as u64s, the places of keys
- * holding a NUL, which SQLite's JSON functions cut short (the caller binds those). Specified by
- * storage/keyindex.py's key_rows_json. The text is written without the GIL. */
+ * tuple (topic, keys, first_seq, ...), for the places `order` names (key_order's, or a stretch of
+ * them), with `dues` (each key's due time as i64, laid end to end, None counted), as the JSON
+ * text SQLite's json_each reads: a list of (topic, text) chunks of at most `limit` rows of one
+ * topic, each `[[key,seq,deliver_at],...]` exactly as json.dumps writes it (compact, not
+ * ASCII-escaped); and, as u64s, the places of keys holding a NUL, which SQLite's JSON functions
+ * cut short (the caller binds those). Only the keys named are looked at, so a checkpoint's keys
+ * can be written a stretch at a time. Specified by storage/keyindex.py's key_rows_json. The text
+ * is written without the GIL. */
 
 typedef struct {
-    const char *key;  /* NULL: no key (None) */
+    PyObject *obj;  /* a reference held while the GIL is let go */
+    const char *key;
     Py_ssize_t key_len, run;
     int64_t seq;
-} KrKey;
+    uint64_t place;
+} KrRow;
 
 typedef struct {
+    PyObject *topic_obj;  /* held once a row of the run needs it (NULL until then) */
     const char *topic;
-    Py_ssize_t topic_len;
+    Py_ssize_t topic_len, start;
+    int64_t first;
 } KrRun;
 
 static inline size_t kr_escaped(const char *s, Py_ssize_t n) {
@@ -355,23 +361,30 @@ static inline int kr_same_topic(const KrRun *a, const KrRun *b) {
     return a == b || (a->topic_len == b->topic_len && !memcmp(a->topic, b->topic, (size_t)a->topic_len));
 }
 
+/* The run holding `place`: the last whose start is at or below it (runs without keys share a start). */
+static inline Py_ssize_t kr_run_of(const KrRun *rn, Py_ssize_t nruns, uint64_t place) {
+    Py_ssize_t lo = 0, hi = nruns;  /* rn[lo].start <= place < rn[hi].start (hi == nruns: the end) */
+    while (hi - lo > 1) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        if ((uint64_t)rn[mid].start <= place) lo = mid;
+        else hi = mid;
+    }
+    return lo;
+}
+
 PyObject *key_rows_json(PyObject *self, PyObject *args) {
-    PyObject *runs, *order_o, *dues_o, *limit_o, *held = NULL, *out = NULL, *chunks = NULL, *rest = NULL;
-    KrKey *k = NULL;
+    PyObject *runs, *order_o, *dues_o, *limit_o, *out = NULL, *chunks = NULL, *rest = NULL;
+    KrRow *rows = NULL;
     KrRun *rn = NULL;
-    int64_t *first = NULL;
-    Py_ssize_t *rows = NULL, *ends = NULL;
+    Py_ssize_t nrows = 0, *ends = NULL;
     char *text = NULL;
     Buf order = {.held = 0}, dues = {.held = 0};
     if (!PyArg_ParseTuple(args, "OOOO", &runs, &order_o, &dues_o, &limit_o)) return NULL;
     if (!PyLong_Check(limit_o)) { PyErr_SetString(PyExc_TypeError, "limit: expected an int"); return NULL; }
     if (!PyList_Check(runs)) { PyErr_SetString(PyExc_TypeError, "runs: expected a list"); return NULL; }
-    Py_ssize_t nruns = PyList_GET_SIZE(runs);
-    held = PyList_New(nruns);  /* (topic, a copy of keys) per run: `runs` may change meanwhile */
-    first = PyMem_Malloc(nruns ? (size_t)nruns * sizeof *first : 1);
-    rn = PyMem_Malloc(nruns ? (size_t)nruns * sizeof *rn : 1);
-    if (!held || !first || !rn) { if (held) PyErr_NoMemory(); goto done; }
-    Py_ssize_t n = 0;
+    Py_ssize_t nruns = PyList_GET_SIZE(runs), n = 0;
+    rn = PyMem_Calloc(nruns ? (size_t)nruns : 1, sizeof *rn);  /* (no topic held yet) */
+    if (!rn) { PyErr_NoMemory(); goto done; }
     for (Py_ssize_t r = 0; r < nruns; r++) {
         PyObject *run = PyList_GET_ITEM(runs, r);
         if (!PyTuple_Check(run) || PyTuple_GET_SIZE(run) < 3) {
@@ -393,36 +406,12 @@ PyObject *key_rows_json(PyObject *self, PyObject *args) {
             PyErr_Format(PyExc_ValueError, "run %zd: sequence numbers out of range", r);
             goto done;
         }
-        first[r] = (int64_t)s;
-        PyObject *copy = PySequence_Tuple(keys);
-        if (!copy) goto done;
-        PyObject *pair = PyTuple_Pack(2, topic, copy);
-        Py_DECREF(copy);
-        if (!pair) goto done;
-        PyList_SET_ITEM(held, r, pair);
+        rn[r].topic_obj = NULL;
+        rn[r].topic = NULL;
+        rn[r].topic_len = 0;
+        rn[r].start = n;
+        rn[r].first = (int64_t)s;
         n += len;
-    }
-    k = PyMem_Malloc(n ? (size_t)n * sizeof *k : 1);
-    if (!k) { PyErr_NoMemory(); goto done; }
-    Py_ssize_t place = 0;
-    for (Py_ssize_t r = 0; r < nruns; r++) {
-        PyObject *pair = PyList_GET_ITEM(held, r), *keys = PyTuple_GET_ITEM(pair, 1);
-        rn[r].topic = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(pair, 0), &rn[r].topic_len);
-        if (!rn[r].topic) goto done;  /* not encodable (a lone surrogate): UnicodeEncodeError */
-        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(keys); i++, place++) {
-            PyObject *key = PyTuple_GET_ITEM(keys, i);
-            k[place].run = r;
-            k[place].seq = first[r] + (int64_t)i;
-            k[place].key = NULL;
-            k[place].key_len = 0;
-            if (key == Py_None) continue;
-            if (!PyUnicode_Check(key)) {
-                PyErr_Format(PyExc_TypeError, "run %zd, key %zd: expected a str or None", r, i);
-                goto done;
-            }
-            k[place].key = PyUnicode_AsUTF8AndSize(key, &k[place].key_len);
-            if (!k[place].key) goto done;
-        }
     }
     if (buf_get(dues_o, &dues, 0, "dues") < 0) goto done;
     if (dues.view.len != 8 * n) {
@@ -436,20 +425,45 @@ PyObject *key_rows_json(PyObject *self, PyObject *args) {
     if (limit == -1 && PyErr_Occurred()) goto done;
     if (big) limit = big < 0 ? -1 : LLONG_MAX;
     if (limit < 1) { PyErr_SetString(PyExc_ValueError, "limit: at least one row a chunk"); goto done; }
-    Py_ssize_t norder = order.view.len / 8, nrows = 0, nrest = 0;
+    Py_ssize_t norder = order.view.len / 8, nrest = 0;
     const uint8_t *ob = order.view.buf;
-    rows = PyMem_Malloc(norder ? (size_t)norder * sizeof *rows : 1);  /* places written as JSON */
-    rest = PyBytes_FromStringAndSize(NULL, norder * 8);  /* places bound by the caller (trimmed below) */
+    rows = PyMem_Malloc(norder ? (size_t)norder * sizeof *rows : 1);  /* the places written as JSON */
+    rest = PyBytes_FromStringAndSize(NULL, norder * 8);  /* the places the caller binds (trimmed below) */
     if (!rows || !rest) { if (rest) PyErr_NoMemory(); goto done; }
     uint8_t *rb = (uint8_t *)PyBytes_AS_STRING(rest);
     for (Py_ssize_t j = 0; j < norder; j++) {
         uint64_t p = rd64(ob + 8 * j);
-        if (p >= (uint64_t)n || !k[p].key) {
+        if (p >= (uint64_t)n) {
             PyErr_Format(PyExc_ValueError, "order: place %llu names no key", (unsigned long long)p);
             goto done;
         }
-        if (memchr(k[p].key, 0, (size_t)k[p].key_len)) wr64(rb + 8 * nrest++, p);
-        else rows[nrows++] = (Py_ssize_t)p;
+        Py_ssize_t r = kr_run_of(rn, nruns, p), i = (Py_ssize_t)p - rn[r].start;
+        PyObject *run = PyList_GET_ITEM(runs, r), *keys = PyTuple_GET_ITEM(run, 1);
+        PyObject *key = i < PySequence_Fast_GET_SIZE(keys) ? PySequence_Fast_GET_ITEM(keys, i) : Py_None;
+        if (key == Py_None) {
+            PyErr_Format(PyExc_ValueError, "order: place %llu names no key", (unsigned long long)p);
+            goto done;
+        }
+        if (!PyUnicode_Check(key)) {
+            PyErr_Format(PyExc_TypeError, "run %zd, key %zd: expected a str or None", r, i);
+            goto done;
+        }
+        if (!rn[r].topic_obj) {
+            PyObject *topic = PyTuple_GET_ITEM(run, 0);
+            rn[r].topic = PyUnicode_AsUTF8AndSize(topic, &rn[r].topic_len);
+            if (!rn[r].topic) goto done;  /* not encodable (a lone surrogate): UnicodeEncodeError */
+            Py_INCREF(topic);
+            rn[r].topic_obj = topic;
+        }
+        Py_ssize_t key_len;
+        const char *utf8 = PyUnicode_AsUTF8AndSize(key, &key_len);
+        if (!utf8) goto done;
+        if (memchr(utf8, 0, (size_t)key_len)) {
+            wr64(rb + 8 * nrest++, p);
+            continue;
+        }
+        Py_INCREF(key);  /* its UTF-8 lives as long as it does; the run's list may change meanwhile */
+        rows[nrows++] = (KrRow){key, utf8, key_len, r, rn[r].first + (int64_t)i, p};
     }
     if (_PyBytes_Resize(&rest, nrest * 8) < 0) goto done;
     ends = PyMem_Malloc(((size_t)nrows + 1) * 2 * sizeof *ends);  /* per chunk: its rows' end, its text's end */
@@ -457,19 +471,19 @@ PyObject *key_rows_json(PyObject *self, PyObject *args) {
     Py_ssize_t nchunks = 0, *tends = ends + nrows + 1;
     for (Py_ssize_t j = 0, start = 0; j <= nrows; j++) {
         if (j > start && (j == nrows || (long long)(j - start) == limit ||
-                          !kr_same_topic(&rn[k[rows[j]].run], &rn[k[rows[start]].run]))) {
+                          !kr_same_topic(&rn[rows[j].run], &rn[rows[start].run]))) {
             ends[nchunks++] = j;
             start = j;
         }
     }
-    /* The text of every chunk, laid end to end, without the GIL: the strings stay alive (held),
-     * and the buffers are only read. */
+    /* The text of every chunk, laid end to end, without the GIL: the strings are held, and the
+     * buffers are only read. */
     const uint8_t *due = dues.view.buf;
     size_t size = 1;
     int nomem = 0;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t j = 0; j < nrows; j++)  /* ,["key",seq,due] and a chunk's [ ] */
-        size += 6 + kr_escaped(k[rows[j]].key, k[rows[j]].key_len) + 2 * KR_INT_MAX + 2;
+        size += 8 + kr_escaped(rows[j].key, rows[j].key_len) + 2 * KR_INT_MAX;
     text = PyMem_RawMalloc(size);
     if (!text) nomem = 1;
     else {
@@ -477,16 +491,15 @@ PyObject *key_rows_json(PyObject *self, PyObject *args) {
         for (Py_ssize_t c = 0, j = 0; c < nchunks; c++) {
             *o++ = '[';
             for (Py_ssize_t start = j; j < ends[c]; j++) {
-                const KrKey *key = &k[rows[j]];
                 int64_t d;
-                memcpy(&d, due + 8 * rows[j], 8);
+                memcpy(&d, due + 8 * rows[j].place, 8);
                 if (j > start) *o++ = ',';
                 *o++ = '[';
                 *o++ = '"';
-                o = kr_escape(o, key->key, key->key_len);
+                o = kr_escape(o, rows[j].key, rows[j].key_len);
                 *o++ = '"';
                 *o++ = ',';
-                o = kr_int(o, key->seq);
+                o = kr_int(o, rows[j].seq);
                 *o++ = ',';
                 o = kr_int(o, d);
                 *o++ = ']';
@@ -500,10 +513,10 @@ PyObject *key_rows_json(PyObject *self, PyObject *args) {
     chunks = PyList_New(nchunks);
     if (!chunks) goto done;
     for (Py_ssize_t c = 0; c < nchunks; c++) {
-        Py_ssize_t at = c ? tends[c - 1] : 0, first_row = c ? ends[c - 1] : 0;
+        Py_ssize_t at = c ? tends[c - 1] : 0;
         PyObject *s = PyUnicode_DecodeUTF8(text + at, tends[c] - at, "strict");
         if (!s) goto done;
-        PyObject *pair = PyTuple_Pack(2, PyTuple_GET_ITEM(PyList_GET_ITEM(held, k[rows[first_row]].run), 0), s);
+        PyObject *pair = PyTuple_Pack(2, rn[rows[c ? ends[c - 1] : 0].run].topic_obj, s);
         Py_DECREF(s);
         if (!pair) goto done;
         PyList_SET_ITEM(chunks, c, pair);
@@ -514,12 +527,11 @@ done:
     buf_release(&dues);
     PyMem_RawFree(text);
     PyMem_Free(ends);
+    for (Py_ssize_t j = 0; j < nrows; j++) Py_DECREF(rows[j].obj);
     PyMem_Free(rows);
-    PyMem_Free(k);
+    for (Py_ssize_t r = 0; rn && r < nruns; r++) Py_XDECREF(rn[r].topic_obj);
     PyMem_Free(rn);
-    PyMem_Free(first);
     Py_XDECREF(chunks);
     Py_XDECREF(rest);
-    Py_XDECREF(held);
     return out;
 }

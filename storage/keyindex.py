@@ -32,6 +32,7 @@ written).
 
 from __future__ import annotations
 
+import bisect
 import functools
 import json
 import logging
@@ -150,19 +151,22 @@ I64_MAX = (1 << 63) - 1
 
 def key_rows_json(runs: list[tuple[Any, ...]], order: bytes, dues: Any, limit: int) -> tuple[list[tuple[str, str]], bytes]:
     """The rows `apply` writes for consecutive put_runs, each run a tuple (topic, keys,
-    first_seq, ...) whose message `first_seq + i` holds `keys[i]`, taken in `order` (key_order's
-    places) and with `dues` (each key's due time laid end to end as i64, None counted), as the
-    JSON text `PUT_JSON` reads with SQLite's json_each: chunks of at most `limit` rows of one
-    topic, each `[[key, seq, deliver_at], ...]` (json.dumps, compact, not ASCII-escaped). A key
-    holding a NUL is left out (SQLite's JSON functions cut a string at it) and its place
-    returned, as u64s, for `put_rows` to bind. The reference of the compiled `key_rows_json`
-    (storage/batch_keys.c), which writes the text without holding the GIL: the checkpoint's
-    thread then holds it for a few microseconds a chunk instead of binding four parameters a
-    key, and the event loop does not wait for it (BENCHMARKS.md)."""
+    first_seq, ...) whose message `first_seq + i` holds `keys[i]`, for the places `order` names
+    (key_order's, or a stretch of them), with `dues` (each key's due time laid end to end as
+    i64, None counted), as the JSON text `PUT_JSON` reads with SQLite's json_each: chunks of at
+    most `limit` rows of one topic, each `[[key, seq, deliver_at], ...]` (json.dumps, compact, not
+    ASCII-escaped). A key holding a NUL is left out (SQLite's JSON functions cut a string at it)
+    and its place returned, as u64s, for `put_rows` to bind. Only the keys named are looked at,
+    so a checkpoint's keys can be written a stretch at a time. The reference of the compiled
+    `key_rows_json` (storage/batch_keys.c), which writes the text without holding the GIL: the
+    checkpoint's thread then holds it for a few microseconds a chunk instead of binding four
+    parameters a key, and the event loop does not wait for it (BENCHMARKS.md)."""
     if not isinstance(limit, int):
         raise TypeError("limit: expected an int")
     if not isinstance(runs, list):
         raise TypeError("runs: expected a list")
+    starts: list[int] = []
+    total = 0
     for r, run in enumerate(runs):
         if not isinstance(run, tuple) or len(run) < 3:
             raise TypeError(f"run {r}: expected a tuple (topic, keys, first_seq, ...)")
@@ -174,24 +178,17 @@ def key_rows_json(runs: list[tuple[Any, ...]], order: bytes, dues: Any, limit: i
             raise TypeError(f"run {r}: first_seq must be an int")
         if not 0 <= run[2] <= I64_MAX - len(run[1]):
             raise ValueError(f"run {r}: sequence numbers out of range")
-    flat: list[tuple[str, str | None, int]] = []
-    for r, (topic, keys, first_seq, *_) in enumerate(runs):
-        topic.encode()  # not encodable (a lone surrogate): UnicodeEncodeError
-        for i, key in enumerate(keys):
-            if key is not None:
-                if not isinstance(key, str):
-                    raise TypeError(f"run {r}, key {i}: expected a str or None")
-                key.encode()
-            flat.append((topic, key, first_seq + i))
+        starts.append(total)
+        total += len(run[1])
     due = memoryview(dues).cast("B")
-    if len(due) != 8 * len(flat):
-        raise ValueError(f"dues: {len(due)} bytes for {len(flat)} keys")
+    if len(due) != 8 * total:
+        raise ValueError(f"dues: {len(due)} bytes for {total} keys")
     due_at = array("q")
     due_at.frombytes(due)
-    places = array("Q")
     view = memoryview(order).cast("B")
     if len(view) % 8:
         raise ValueError("order: not a whole number of u64s")
+    places = array("Q")
     places.frombytes(view)
     if limit < 1:
         raise ValueError("limit: at least one row a chunk")
@@ -200,17 +197,24 @@ def key_rows_json(runs: list[tuple[Any, ...]], order: bytes, dues: Any, limit: i
     rows: list[list[Any]] = []
     at_topic = ""
     for place in places:
-        if place >= len(flat) or flat[place][1] is None:
+        r = bisect.bisect_right(starts, place) - 1
+        if place >= total or runs[r][1][place - starts[r]] is None:
             raise ValueError(f"order: place {place} names no key")
-        topic, key, seq = flat[place]
-        if "\0" in key:  # type: ignore[operator]
+        topic, keys, first_seq = runs[r][:3]
+        i = place - starts[r]
+        key = keys[i]
+        if not isinstance(key, str):
+            raise TypeError(f"run {r}, key {i}: expected a str or None")
+        topic.encode()  # not encodable (a lone surrogate): UnicodeEncodeError
+        key.encode()
+        if "\0" in key:
             rest.append(place)
             continue
         if rows and (topic != at_topic or len(rows) == limit):
             chunks.append((at_topic, json.dumps(rows, separators=(",", ":"), ensure_ascii=False)))
             rows = []
         at_topic = topic
-        rows.append([key, seq, due_at[place]])
+        rows.append([key, first_seq + i, due_at[place]])
     if rows:
         chunks.append((at_topic, json.dumps(rows, separators=(",", ":"), ensure_ascii=False)))
     return chunks, array("Q", rest).tobytes()
@@ -654,10 +658,14 @@ class KeyIndex:
                 dues.frombytes(memoryview(d).cast("B"))
             else:
                 dues.extend(d)
-        if self.json_rows:
-            chunks, order = ops.key_rows_json(runs, order, dues, JSON_ROWS)
-            for topic, text in chunks:
-                self.writer.execute(PUT_JSON, (topic, text))
+        if self.json_rows:  # a stretch of JSON_ROWS keys at a time: one statement's text in memory
+            rest = []
+            for i in range(0, len(order), 8 * JSON_ROWS):
+                chunks, nul = ops.key_rows_json(runs, order[i:i + 8 * JSON_ROWS], dues, JSON_ROWS)
+                for topic, text in chunks:
+                    self.writer.execute(PUT_JSON, (topic, text))
+                rest.append(nul)
+            order = b"".join(rest)
             if not order:
                 return
         at = array("Q", order)

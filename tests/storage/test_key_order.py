@@ -78,9 +78,9 @@ I64 = st.integers(-(2**63), 2**63 - 1)
 
 
 @settings(max_examples=300, deadline=None)
-@given(runs=ROW_RUNS, data=st.data(), limit=st.integers(1, 5))
+@given(runs=ROW_RUNS, data=st.data(), limit=st.integers(1, 5), stretch=st.integers(1, 7))
 def test_compiled_rows_match_the_reference_and_sqlite_stores_them(runs: list[tuple[str, Any, int]],
-                                                                    data: st.DataObject, limit: int) -> None:
+                                                                    data: st.DataObject, limit: int, stretch: int) -> None:
     n = sum(len(keys) for _, keys, _ in runs)
     dues = array("q", data.draw(st.lists(I64, min_size=n, max_size=n)))
     order = ref.key_order(runs)
@@ -92,17 +92,26 @@ def test_compiled_rows_match_the_reference_and_sqlite_stores_them(runs: list[tup
     # Written as apply writes them: the JSON chunks, then the rest bound; the same table as
     # every row bound in key order (a later row of a pair replacing an earlier one).
     tables = []
-    for via_json in (True, False):
+    for via_json in (True, False, "stretches"):
         db = sqlite3.connect(":memory:")
         db.execute("CREATE TABLE keys (topic TEXT NOT NULL, key TEXT NOT NULL, seq INTEGER NOT NULL, "
                    "deliver_at INTEGER NOT NULL, done_at INTEGER, PRIMARY KEY (topic, key)) WITHOUT ROWID")
-        places = array("Q", rest if via_json else order)
-        if via_json:
+        places = array("Q", rest if via_json is True else order)
+        if via_json is True:
             for topic, text in chunks:
                 db.execute(ref.PUT_JSON, (topic, text))
+        elif via_json == "stretches":  # as `_put_runs` calls it: a stretch of the order at a time
+            nul = []
+            for i in range(0, len(order), 8 * stretch):
+                part = c.key_rows_json(runs, order[i:i + 8 * stretch], dues, limit)
+                assert part == ref.key_rows_json(runs, order[i:i + 8 * stretch], dues, limit)
+                for topic, text in part[0]:
+                    db.execute(ref.PUT_JSON, (topic, text))
+                nul.append(part[1])
+            places = array("Q", b"".join(nul))
         ref.put_rows(db, [(flat[p][0], flat[p][1], flat[p][2], dues[p]) for p in places])
         tables.append(db.execute("SELECT topic, key, seq, deliver_at, done_at FROM keys ORDER BY topic, key").fetchall())
-    assert tables[0] == tables[1]
+    assert tables[0] == tables[1] == tables[2]
     assert sorted(array("Q", rest)) == sorted(p for p in array("Q", order) if "\x00" in flat[p][1])
 
 
@@ -119,8 +128,9 @@ ROWS_OK = ([("t", ["a", None, "b"], 5)], array("Q", [0, 2]).tobytes(), array("q"
     ([("t", ["k"], -1)], *ROWS_OK[1:]),
     ([("t", ["k"], 2**63 - 1)], *ROWS_OK[1:]),  # its seq would not fit an i64
     ([("t", ["k"], 2**70)], *ROWS_OK[1:]),
-    ([("t", ["a", 5, "b"], 5)], *ROWS_OK[1:]),
-    ([("t", ["a", "\ud800", "b"], 5)], *ROWS_OK[1:]),
+    ([("t", [5, None, "b"], 5)], *ROWS_OK[1:]),  # a key named that is neither str nor None
+    ([("t", ["a", None, b"b"], 5)], *ROWS_OK[1:]),
+    ([("t", ["a", None, "\ud800"], 5)], *ROWS_OK[1:]),
     ([("\udfff", ["a", None, "b"], 5)], *ROWS_OK[1:]),
     (ROWS_OK[0], ROWS_OK[1], array("q", [1, 2]).tobytes(), 2),  # a due time missing
     (ROWS_OK[0], ROWS_OK[1], None, 2),
@@ -136,7 +146,16 @@ ROWS_OK = ([("t", ["a", None, "b"], 5)], array("Q", [0, 2]).tobytes(), array("q"
     (*ROWS_OK[:3], 2.0),
 ])
 def test_damaged_rows_input_is_the_same_error_in_both(args: tuple[Any, ...]) -> None:
+    """(Only the keys `order` names are looked at: a stretch of a checkpoint's keys at a time.)"""
     assert outcome(c.key_rows_json, *ROWS_OK) == outcome(ref.key_rows_json, *ROWS_OK)
     got = outcome(c.key_rows_json, *args)
     assert got == outcome(ref.key_rows_json, *args)
     assert got[0] == "error"
+
+
+def test_only_the_keys_named_are_looked_at() -> None:
+    runs = [("t", ["a", 5, "\ud800", "b"], 1)]
+    dues = array("q", [1, 2, 3, 4]).tobytes()
+    order = array("Q", [0, 3]).tobytes()
+    assert c.key_rows_json(runs, order, dues, 10) == ref.key_rows_json(runs, order, dues, 10) == (
+        [("t", '[["a",1,1],["b",4,4]]')], b"")
