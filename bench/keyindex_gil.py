@@ -1,0 +1,84 @@
+"""The key index's checkpoint write beside a busy event loop, in process: JSON rows against bound rows.
+
+    .venv/bin/python -m bench.keyindex_gil [--rounds 3] [--batches 200]
+
+A KeyIndex is given `--batches` put_runs of 1,000 new keys (as a keyed produce makes them) and
+written once; then as many again are written by `apply` in a thread while this thread runs pure
+Python bytecode, as the event loop does under load. Printed a key: the writer thread's CPU, and
+the time this thread was kept off a CPU (wall time minus its own CPU: waiting for the GIL, on a
+machine with a core for each thread). The rounds alternate the two ways the index writes rows:
+JSON text read by SQLite's json_each (`KeyIndex.json_rows`, what it does where SQLite has the
+JSON functions) and four bound parameters a row (what it falls back to).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import threading
+import time
+from array import array
+from pathlib import Path
+
+from delayd.storage.keyindex import KeyIndex
+
+BATCH = 1000
+
+
+def write_beside_a_busy_thread(json_rows: bool, batches: int, tag: str) -> tuple[float, float]:
+    """(the writer's CPU, this thread's time off a CPU), microseconds a key."""
+    with tempfile.TemporaryDirectory() as d:
+        ki = KeyIndex(Path(d) / "k.sqlite")
+        ki.json_rows = json_rows
+        try:
+            for part in range(2):  # the first write fills the index, the second is measured
+                for b in range(batches):
+                    keys = [f"order-{tag}{part}-{b}-{i}" for i in range(BATCH)]
+                    ki.put_run("bench", keys, 1 + (part * batches + b) * BATCH, array("q", range(BATCH)))
+                ops = ki.take_ops()
+                if part == 0:
+                    ki.apply(ops, 1)
+                    ki.applied()
+            done = threading.Event()
+            writer_cpu = [0.0]
+
+            def write() -> None:
+                t = time.thread_time()
+                ki.apply(ops, 2)
+                writer_cpu[0] = time.thread_time() - t
+                done.set()
+
+            cpu0, wall0 = time.thread_time(), time.perf_counter()
+            thread = threading.Thread(target=write)
+            thread.start()
+            while not done.is_set():
+                for _ in range(1000):
+                    pass
+            wall, cpu = time.perf_counter() - wall0, time.thread_time() - cpu0
+            thread.join()
+            ki.applied()
+        finally:
+            ki.close()
+    n = batches * BATCH
+    return writer_cpu[0] / n * 1e6, (wall - cpu) / n * 1e6
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--batches", type=int, default=200, help="put_runs of 1,000 keys a write")
+    args = ap.parse_args()
+    got: dict[str, list[tuple[float, float]]] = {"json": [], "bound": []}
+    for r in range(args.rounds):
+        for way in got:
+            got[way].append(write_beside_a_busy_thread(way == "json", args.batches, f"{r}{way}"))
+            cpu, off = got[way][-1]
+            print(f"round {r + 1}, {way} rows: writer CPU {cpu:.2f} us a key, the busy thread off a CPU {off:.2f} us a key")
+    for way, rows in got.items():
+        print(f"median {way}: writer CPU {statistics.median(c for c, _ in rows):.2f} us a key, "
+              f"busy thread off a CPU {statistics.median(o for _, o in rows):.2f} us a key")
+
+
+if __name__ == "__main__":
+    main()
