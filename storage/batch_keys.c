@@ -373,20 +373,22 @@ static inline Py_ssize_t kr_run_of(const KrRun *rn, Py_ssize_t nruns, uint64_t p
 }
 
 PyObject *key_rows_json(PyObject *self, PyObject *args) {
-    PyObject *runs, *order_o, *dues_o, *limit_o, *out = NULL, *chunks = NULL, *rest = NULL;
+    PyObject *runs_o, *runs = NULL, *order_o, *dues_o, *limit_o, *out = NULL, *chunks = NULL, *rest = NULL;
     KrRow *rows = NULL;
     KrRun *rn = NULL;
     Py_ssize_t nrows = 0, *ends = NULL;
     char *text = NULL;
     Buf order = {.held = 0}, dues = {.held = 0};
-    if (!PyArg_ParseTuple(args, "OOOO", &runs, &order_o, &dues_o, &limit_o)) return NULL;
+    if (!PyArg_ParseTuple(args, "OOOO", &runs_o, &order_o, &dues_o, &limit_o)) return NULL;
     if (!PyLong_Check(limit_o)) { PyErr_SetString(PyExc_TypeError, "limit: expected an int"); return NULL; }
-    if (!PyList_Check(runs)) { PyErr_SetString(PyExc_TypeError, "runs: expected a list"); return NULL; }
-    Py_ssize_t nruns = PyList_GET_SIZE(runs), n = 0;
+    if (!PyList_Check(runs_o)) { PyErr_SetString(PyExc_TypeError, "runs: expected a list"); return NULL; }
+    runs = PyList_AsTuple(runs_o);  /* the runs as they are now: the list may change meanwhile */
+    if (!runs) return NULL;
+    Py_ssize_t nruns = PyTuple_GET_SIZE(runs), n = 0;
     rn = PyMem_Calloc(nruns ? (size_t)nruns : 1, sizeof *rn);  /* (no topic held yet) */
     if (!rn) { PyErr_NoMemory(); goto done; }
     for (Py_ssize_t r = 0; r < nruns; r++) {
-        PyObject *run = PyList_GET_ITEM(runs, r);
+        PyObject *run = PyTuple_GET_ITEM(runs, r);
         if (!PyTuple_Check(run) || PyTuple_GET_SIZE(run) < 3) {
             PyErr_Format(PyExc_TypeError, "run %zd: expected a tuple (topic, keys, first_seq, ...)", r);
             goto done;
@@ -438,7 +440,7 @@ PyObject *key_rows_json(PyObject *self, PyObject *args) {
             goto done;
         }
         Py_ssize_t r = kr_run_of(rn, nruns, p), i = (Py_ssize_t)p - rn[r].start;
-        PyObject *run = PyList_GET_ITEM(runs, r), *keys = PyTuple_GET_ITEM(run, 1);
+        PyObject *run = PyTuple_GET_ITEM(runs, r), *keys = PyTuple_GET_ITEM(run, 1);
         PyObject *key = i < PySequence_Fast_GET_SIZE(keys) ? PySequence_Fast_GET_ITEM(keys, i) : Py_None;
         if (key == Py_None) {
             PyErr_Format(PyExc_ValueError, "order: place %llu names no key", (unsigned long long)p);
@@ -533,5 +535,6 @@ done:
     PyMem_Free(rn);
     Py_XDECREF(chunks);
     Py_XDECREF(rest);
+    Py_XDECREF(runs);
     return out;
 }
