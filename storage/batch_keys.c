@@ -216,6 +216,37 @@ static int ko_cmp(const void *pa, const void *pb) {
     return c ? c : (a->code > b->code) - (a->code < b->code);
 }
 
+/* The shape key_order and key_rows_json take a run in (storage/keyindex.py check_run): a tuple
+ * (topic str, keys list or tuple, ...); with `first` (not NULL) (topic, keys, first_seq, ...) and
+ * the run's seqs within an i64, first_seq stored there. 0, or -1 with an error set. */
+static int check_run(PyObject *run, Py_ssize_t r, int64_t *first) {
+    if (!PyTuple_Check(run) || PyTuple_GET_SIZE(run) < (first ? 3 : 2)) {
+        PyErr_Format(PyExc_TypeError, "run %zd: expected a tuple (topic, keys, %s...)", r, first ? "first_seq, " : "");
+        return -1;
+    }
+    PyObject *keys = PyTuple_GET_ITEM(run, 1);
+    if (!PyUnicode_Check(PyTuple_GET_ITEM(run, 0))) {
+        PyErr_Format(PyExc_TypeError, "run %zd: topic must be a str", r);
+        return -1;
+    }
+    if (!PyList_Check(keys) && !PyTuple_Check(keys)) {
+        PyErr_Format(PyExc_TypeError, "run %zd: keys must be a list or a tuple", r);
+        return -1;
+    }
+    if (!first) return 0;
+    PyObject *seq = PyTuple_GET_ITEM(run, 2);
+    if (!PyLong_Check(seq)) { PyErr_Format(PyExc_TypeError, "run %zd: first_seq must be an int", r); return -1; }
+    int overflow = 0;
+    long long s = PyLong_AsLongLongAndOverflow(seq, &overflow);
+    if (s == -1 && PyErr_Occurred()) return -1;
+    if (overflow || s < 0 || s > INT64_MAX - (long long)PySequence_Fast_GET_SIZE(keys)) {
+        PyErr_Format(PyExc_ValueError, "run %zd: sequence numbers out of range", r);
+        return -1;
+    }
+    *first = (int64_t)s;
+    return 0;
+}
+
 PyObject *key_order(PyObject *self, PyObject *args) {
     PyObject *runs, *held = NULL, *out = NULL;
     KoKey *k = NULL;
@@ -227,16 +258,8 @@ PyObject *key_order(PyObject *self, PyObject *args) {
     Py_ssize_t n = 0;
     for (Py_ssize_t r = 0; r < nruns; r++) {
         PyObject *run = PyList_GET_ITEM(runs, r);
-        if (!PyTuple_Check(run) || PyTuple_GET_SIZE(run) < 2) {
-            PyErr_Format(PyExc_TypeError, "run %zd: expected a tuple (topic, keys, ...)", r);
-            goto done;
-        }
+        if (check_run(run, r, NULL) < 0) goto done;
         PyObject *topic = PyTuple_GET_ITEM(run, 0), *keys = PyTuple_GET_ITEM(run, 1);
-        if (!PyUnicode_Check(topic)) { PyErr_Format(PyExc_TypeError, "run %zd: topic must be a str", r); goto done; }
-        if (!PyList_Check(keys) && !PyTuple_Check(keys)) {
-            PyErr_Format(PyExc_TypeError, "run %zd: keys must be a list or a tuple", r);
-            goto done;
-        }
         PyObject *copy = PySequence_Tuple(keys);
         if (!copy) goto done;
         Py_ssize_t len = PyTuple_GET_SIZE(copy);
@@ -389,31 +412,9 @@ PyObject *key_rows_json(PyObject *self, PyObject *args) {
     if (!rn) { PyErr_NoMemory(); goto done; }
     for (Py_ssize_t r = 0; r < nruns; r++) {
         PyObject *run = PyTuple_GET_ITEM(runs, r);
-        if (!PyTuple_Check(run) || PyTuple_GET_SIZE(run) < 3) {
-            PyErr_Format(PyExc_TypeError, "run %zd: expected a tuple (topic, keys, first_seq, ...)", r);
-            goto done;
-        }
-        PyObject *topic = PyTuple_GET_ITEM(run, 0), *keys = PyTuple_GET_ITEM(run, 1), *seq = PyTuple_GET_ITEM(run, 2);
-        if (!PyUnicode_Check(topic)) { PyErr_Format(PyExc_TypeError, "run %zd: topic must be a str", r); goto done; }
-        if (!PyList_Check(keys) && !PyTuple_Check(keys)) {
-            PyErr_Format(PyExc_TypeError, "run %zd: keys must be a list or a tuple", r);
-            goto done;
-        }
-        if (!PyLong_Check(seq)) { PyErr_Format(PyExc_TypeError, "run %zd: first_seq must be an int", r); goto done; }
-        int overflow = 0;
-        long long s = PyLong_AsLongLongAndOverflow(seq, &overflow);
-        if (s == -1 && PyErr_Occurred()) goto done;
-        Py_ssize_t len = PySequence_Fast_GET_SIZE(keys);
-        if (overflow || s < 0 || s > INT64_MAX - (long long)len) {
-            PyErr_Format(PyExc_ValueError, "run %zd: sequence numbers out of range", r);
-            goto done;
-        }
-        rn[r].topic_obj = NULL;
-        rn[r].topic = NULL;
-        rn[r].topic_len = 0;
-        rn[r].start = n;
-        rn[r].first = (int64_t)s;
-        n += len;
+        if (check_run(run, r, &rn[r].first) < 0) goto done;
+        rn[r].start = n;  /* (the topic: taken when a row of the run needs it; calloc'd NULL) */
+        n += PySequence_Fast_GET_SIZE(PyTuple_GET_ITEM(run, 1));
     }
     if (buf_get(dues_o, &dues, 0, "dues") < 0) goto done;
     if (dues.view.len != 8 * n) {

@@ -128,13 +128,8 @@ def key_order(runs: list[tuple[Any, ...]]) -> bytes:
     found = []
     place = 0
     for r, run in enumerate(runs):
-        if not isinstance(run, tuple) or len(run) < 2:
-            raise TypeError(f"run {r}: expected a tuple (topic, keys, ...)")
+        check_run(r, run, first_seq=False)
         topic, keys = run[0], run[1]
-        if not isinstance(topic, str):
-            raise TypeError(f"run {r}: topic must be a str")
-        if not isinstance(keys, (list, tuple)):
-            raise TypeError(f"run {r}: keys must be a list or a tuple")
         t = topic.encode()
         for i, key in enumerate(keys):
             if key is not None:
@@ -147,6 +142,22 @@ def key_order(runs: list[tuple[Any, ...]]) -> bytes:
 
 
 I64_MAX = (1 << 63) - 1
+
+
+def check_run(r: int, run: Any, first_seq: bool) -> None:
+    """The shape `key_order` and `key_rows_json` take a run in: a tuple (topic, keys, ...), with
+    `first_seq` (topic, keys, first_seq, ...) and the run's seqs within an i64."""
+    if not isinstance(run, tuple) or len(run) < 2 + first_seq:
+        raise TypeError(f"run {r}: expected a tuple (topic, keys, {'first_seq, ' * first_seq}...)")
+    if not isinstance(run[0], str):
+        raise TypeError(f"run {r}: topic must be a str")
+    if not isinstance(run[1], (list, tuple)):
+        raise TypeError(f"run {r}: keys must be a list or a tuple")
+    if first_seq:
+        if not isinstance(run[2], int):
+            raise TypeError(f"run {r}: first_seq must be an int")
+        if not 0 <= run[2] <= I64_MAX - len(run[1]):
+            raise ValueError(f"run {r}: sequence numbers out of range")
 
 
 def key_rows_json(runs: list[tuple[Any, ...]], order: bytes, dues: Any, limit: int) -> tuple[list[tuple[str, str]], bytes]:
@@ -168,16 +179,7 @@ def key_rows_json(runs: list[tuple[Any, ...]], order: bytes, dues: Any, limit: i
     starts: list[int] = []
     total = 0
     for r, run in enumerate(runs):
-        if not isinstance(run, tuple) or len(run) < 3:
-            raise TypeError(f"run {r}: expected a tuple (topic, keys, first_seq, ...)")
-        if not isinstance(run[0], str):
-            raise TypeError(f"run {r}: topic must be a str")
-        if not isinstance(run[1], (list, tuple)):
-            raise TypeError(f"run {r}: keys must be a list or a tuple")
-        if not isinstance(run[2], int):
-            raise TypeError(f"run {r}: first_seq must be an int")
-        if not 0 <= run[2] <= I64_MAX - len(run[1]):
-            raise ValueError(f"run {r}: sequence numbers out of range")
+        check_run(r, run, first_seq=True)
         starts.append(total)
         total += len(run[1])
     due = memoryview(dues).cast("B")
@@ -197,12 +199,14 @@ def key_rows_json(runs: list[tuple[Any, ...]], order: bytes, dues: Any, limit: i
     rows: list[list[Any]] = []
     at_topic = ""
     for place in places:
-        r = bisect.bisect_right(starts, place) - 1
-        if place >= total or runs[r][1][place - starts[r]] is None:
+        if place >= total:
             raise ValueError(f"order: place {place} names no key")
+        r = bisect.bisect_right(starts, place) - 1
         topic, keys, first_seq = runs[r][:3]
         i = place - starts[r]
         key = keys[i]
+        if key is None:
+            raise ValueError(f"order: place {place} names no key")
         if not isinstance(key, str):
             raise TypeError(f"run {r}, key {i}: expected a str or None")
         topic.encode()  # not encodable (a lone surrogate): UnicodeEncodeError
@@ -241,8 +245,8 @@ def _insert_sql(head: str, row: str, rows: int) -> str:
 def insert_rows(db: sqlite3.Connection, head: str, row: str, width: int, rows: Iterable[tuple[Any, ...]]) -> None:
     """`head` + VALUES `row` (`width` parameters) for every row, in their order, as few statements
     as INSERT_PARAMS allows: a later row of a primary key replaces an earlier one (SQLite inserts a
-    statement's rows in order) as it would in an executemany. The SQLite indexes' one way to write
-    rows (keys here, storage.farindex)."""
+    statement's rows in order) as it would in an executemany. How storage.farindex writes its rows,
+    and the key index those `key_rows_json` leaves to binding."""
     flat = chain.from_iterable(rows)  # no Python code a row: C iterators
     per = max(1, INSERT_PARAMS // width) * width
     while params := list(islice(flat, per)):
