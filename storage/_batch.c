@@ -53,6 +53,8 @@ static PyMethodDef methods[] = {
     {"filter_add", filter_add, METH_VARARGS, "add keys of a topic to the key filter"},
     {"filter_maybe", filter_maybe, METH_VARARGS, "the keys of a topic the key filter may hold"},
     {"filter_claim", filter_claim, METH_VARARGS, "filter_maybe and filter_add in one pass"},
+    {"overlay_put", overlay_put, METH_VARARGS, "keys of an entry into a key index overlay table"},
+    {"overlay_find", overlay_find, METH_VARARGS, "the slots of an overlay table holding keys' pair hashes"},
     {"key_order", key_order, METH_VARARGS, "the order in which the key index writes the keys of runs"},
     {"key_rows_json", key_rows_json, METH_VARARGS, "the key index's rows of runs as JSON text for json_each"},
     {NULL, NULL, 0, NULL},

@@ -376,6 +376,8 @@ BATCH_HIDDEN PyObject *take_rows(PyObject *self, PyObject *args);
 BATCH_HIDDEN PyObject *filter_add(PyObject *self, PyObject *args);
 BATCH_HIDDEN PyObject *filter_maybe(PyObject *self, PyObject *args);
 BATCH_HIDDEN PyObject *filter_claim(PyObject *self, PyObject *args);
+BATCH_HIDDEN PyObject *overlay_put(PyObject *self, PyObject *args);
+BATCH_HIDDEN PyObject *overlay_find(PyObject *self, PyObject *args);
 BATCH_HIDDEN PyObject *key_order(PyObject *self, PyObject *args);
 BATCH_HIDDEN PyObject *key_rows_json(PyObject *self, PyObject *args);
 

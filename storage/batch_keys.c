@@ -5,6 +5,9 @@
  * A pair's hash is built from Python's own hash of the key and of the topic (cached by str
  * objects), so both implementations agree within a process; the filter is never stored.
  *
+ * The key index's overlay tables (overlay_put, overlay_find: storage/overlay.py is the reference),
+ * found by the same pair hash.
+ *
  * And the key index's write order (specified by storage/keyindex.py's key_order, the reference).
  */
 #include "batch_core.h"
@@ -187,6 +190,169 @@ PyObject *filter_claim(PyObject *self, PyObject *args) {
     kf_close(&a);
     if (failed) { Py_DECREF(out); return NULL; }
     return Py_BuildValue("(NL)", out, n);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* The key index's overlay tables (specified by storage/overlay.py, the reference, with its byte
+ * table): overlay_put and overlay_find over one open-addressing table in a bytearray, a slot
+ * (pair hash, 1 + entry, place) a key, found by the pair hash the filter uses. */
+
+#define OV_HEADER 16
+#define OV_SLOT 16
+
+typedef struct {
+    Buf table;
+    uint8_t *slots;
+    uint64_t nslots, room, used;
+} OvTable;
+
+/* Check the table's shape and its header; 0, or -1 with an error set. */
+static int ov_open(PyObject *to, OvTable *t) {
+    t->table.held = 0;
+    if (!PyByteArray_Check(to)) { PyErr_SetString(PyExc_TypeError, "table: expected a bytearray"); return -1; }
+    Py_ssize_t len = PyByteArray_GET_SIZE(to);
+    uint64_t n = len >= OV_HEADER + 2 * OV_SLOT && (len - OV_HEADER) % OV_SLOT == 0 ? (uint64_t)(len - OV_HEADER) / OV_SLOT : 0;
+    if (!n || (n & (n - 1))) {
+        PyErr_Format(PyExc_ValueError, "table: %zd bytes is not a %d-byte header and a power of two (2 or more) of %d-byte slots",
+                     len, OV_HEADER, OV_SLOT);
+        return -1;
+    }
+    if (buf_get(to, &t->table, 1, "table") < 0) return -1;
+    uint8_t *p = t->table.view.buf;
+    t->slots = p + OV_HEADER;
+    t->nslots = n;
+    t->room = n / 2;
+    t->used = rd64(p);
+    if (t->used > t->room) {
+        PyErr_Format(PyExc_ValueError, "table: damaged (%llu entries held, room for %llu)",
+                     (unsigned long long)t->used, (unsigned long long)t->room);
+        buf_release(&t->table);
+        return -1;
+    }
+    return 0;
+}
+
+static inline uint64_t ov_pair(const KfArgs *a, Py_hash_t kh) { return kf_mix((uint64_t)kh + a->topic_part); }
+
+/* The keys' checks are the filter's (kf_open without its bits): the topic's part of the hash. */
+static int ov_keys(PyObject *topic, PyObject *keys, KfArgs *a) {
+    a->bits.held = 0;
+    a->keys = NULL;
+    if (!PyUnicode_Check(topic)) { PyErr_SetString(PyExc_TypeError, "topic: expected a str"); return -1; }
+    if (!PyList_Check(keys) && !PyTuple_Check(keys)) {
+        PyErr_SetString(PyExc_TypeError, "keys: expected a list or a tuple");
+        return -1;
+    }
+    Py_hash_t th = PyObject_Hash(topic);
+    if (th == -1) return -1;
+    a->topic_part = (uint64_t)th * KF_GOLDEN;
+    Py_INCREF(keys);
+    a->keys = keys;
+    return 0;
+}
+
+/* overlay_put(table, topic, keys, entry, start): a slot for each key from keys[start] on (None
+ * left out) while the table has room: (pair hash, entry + 1, the key's place). Returns the place
+ * of the first key not taken (len(keys) when all were). Keys are hashed OV_AHEAD at a time and
+ * their first slots prefetched, as the filter does; a key that cannot be hashed leaves the keys
+ * before it in the table, as one by one. */
+#define OV_AHEAD 16
+
+PyObject *overlay_put(PyObject *self, PyObject *args) {
+    PyObject *to, *topic, *keys;
+    long long entry;
+    Py_ssize_t start;
+    if (!PyArg_ParseTuple(args, "OOOLn", &to, &topic, &keys, &entry, &start)) return NULL;
+    if (entry < 0 || entry >= 0xFFFFFFFFll) { PyErr_SetString(PyExc_ValueError, "entry: out of range"); return NULL; }
+    KfArgs a;
+    if (ov_keys(topic, keys, &a) < 0) return NULL;
+    if (start < 0 || start > PySequence_Fast_GET_SIZE(keys) || PySequence_Fast_GET_SIZE(keys) > 0xFFFFFFFFll) {
+        PyErr_SetString(PyExc_ValueError, "start: out of range");
+        kf_close(&a);
+        return NULL;
+    }
+    OvTable t;
+    if (ov_open(to, &t) < 0) { kf_close(&a); return NULL; }
+    uint64_t mask = t.nslots - 1, used = t.used;
+    Py_ssize_t i = start;
+    int failed = 0;
+    while (!failed && used < t.room && i < PySequence_Fast_GET_SIZE(a.keys)) {
+        uint64_t z[OV_AHEAD];
+        Py_ssize_t at[OV_AHEAD];
+        int n = 0;
+        Py_ssize_t next = i;
+        /* hash a group (no more keys than the room left), prefetching each one's first slot */
+        while (n < OV_AHEAD && used + (uint64_t)n < t.room && next < PySequence_Fast_GET_SIZE(a.keys)) {
+            PyObject *key = PySequence_Fast_GET_ITEM(a.keys, next);
+            if (key == Py_None) { next++; continue; }
+            Py_INCREF(key);
+            Py_hash_t kh = PyObject_Hash(key);
+            Py_DECREF(key);
+            if (kh == -1) { failed = 1; break; }
+            z[n] = ov_pair(&a, kh);
+            at[n++] = next++;
+            __builtin_prefetch(t.slots + ((z[n - 1] >> 32) & mask) * OV_SLOT, 1);
+        }
+        for (int j = 0; j < n; j++) {
+            uint64_t s = (z[j] >> 32) & mask, probes = 0;
+            while (rd32(t.slots + s * OV_SLOT + 8) != 0 && ++probes < t.nslots) s = (s + 1) & mask;
+            uint8_t *slot = t.slots + s * OV_SLOT;
+            if (rd32(slot + 8) != 0) {  /* no free slot although the header says there is room */
+                PyErr_SetString(PyExc_ValueError, "table: damaged (no free slot)");
+                failed = 1;
+                break;
+            }
+            wr64(slot, z[j]);
+            wr32(slot + 8, (uint32_t)entry + 1);
+            wr32(slot + 12, (uint32_t)at[j]);
+            used++;
+        }
+        i = failed ? i : next;
+    }
+    /* (i stays where it was when the group failed: the reference stops at the failing key) */
+    wr64(t.table.view.buf, used);
+    buf_release(&t.table);
+    kf_close(&a);
+    if (failed) return NULL;
+    /* the room ran out: the place of the next key (None skipped, as the reference does) */
+    Py_ssize_t len = PySequence_Fast_GET_SIZE(keys);
+    while (i < len && PySequence_Fast_GET_ITEM(keys, i) == Py_None) i++;
+    return PyLong_FromSsize_t(i);
+}
+
+/* overlay_find(table, topic, keys): (place in keys, entry, the key's place in the entry) for every
+ * slot whose pair hash is a key's (None left out), in the keys' order, each key's in probe order.
+ * A slot's hash can be another pair's: the caller compares the keys. */
+PyObject *overlay_find(PyObject *self, PyObject *args) {
+    PyObject *to, *topic, *keys;
+    if (!PyArg_ParseTuple(args, "OOO", &to, &topic, &keys)) return NULL;
+    KfArgs a;
+    if (ov_keys(topic, keys, &a) < 0) return NULL;
+    OvTable t;
+    if (ov_open(to, &t) < 0) { kf_close(&a); return NULL; }
+    PyObject *out = PyList_New(0);
+    uint64_t mask = t.nslots - 1;
+    for (Py_ssize_t i = 0; out && i < PySequence_Fast_GET_SIZE(a.keys); i++) {
+        PyObject *key = PySequence_Fast_GET_ITEM(a.keys, i);
+        if (key == Py_None) continue;
+        Py_INCREF(key);
+        Py_hash_t kh = PyObject_Hash(key);
+        Py_DECREF(key);
+        if (kh == -1) { Py_CLEAR(out); break; }
+        uint64_t z = ov_pair(&a, kh), s = (z >> 32) & mask;
+        for (uint64_t probes = 0; probes < t.nslots; probes++, s = (s + 1) & mask) {
+            const uint8_t *slot = t.slots + s * OV_SLOT;
+            uint32_t e = rd32(slot + 8);
+            if (e == 0) break;
+            if (rd64(slot) != z) continue;
+            PyObject *hit = Py_BuildValue("(nkk)", i, (unsigned long)(e - 1), (unsigned long)rd32(slot + 12));
+            if (!hit || PyList_Append(out, hit) < 0) { Py_XDECREF(hit); Py_CLEAR(out); break; }
+            Py_DECREF(hit);
+        }
+    }
+    buf_release(&t.table);
+    kf_close(&a);
+    return out;
 }
 
 /* ------------------------------------------------------------------------------------------ */

@@ -69,12 +69,22 @@ def _checked(bits: Any, topic: Any, keys: Any) -> tuple[int, int]:
         raise TypeError("topic: expected a str")
     if not isinstance(keys, (list, tuple)):
         raise TypeError("keys: expected a list or a tuple")
-    return len(bits) // BLOCK, (hash(topic) & M64) * GOLDEN
+    return len(bits) // BLOCK, topic_part(topic)
 
 
-def _places(key: Any, topic_part: int, nblocks: int) -> list[int]:
+def topic_part(topic: str) -> int:
+    """The topic's part of every pair's hash."""
+    return (hash(topic) & M64) * GOLDEN
+
+
+def pair_hash(key: Any, tpart: int) -> int:
+    """The pair's hash z, `tpart` the topic's part (also what storage.overlay's tables find a key by)."""
+    return mix(((hash(key) & M64) + tpart) & M64)
+
+
+def _places(key: Any, tpart: int, nblocks: int) -> list[int]:
     """The bit numbers (within the filter) of the pair (topic, key)."""
-    z = mix(((hash(key) & M64) + topic_part) & M64)
+    z = pair_hash(key, tpart)
     base = (((z & 0xFFFFFFFF) * nblocks) >> 32) * BLOCK * 8
     w = mix(z)
     return [base + ((w >> (9 * i)) & 511) for i in range(PROBES)]

@@ -45,11 +45,12 @@ from collections.abc import Callable, Iterable, Sequence
 from itertools import chain, groupby, islice, repeat
 from operator import itemgetter
 from pathlib import Path
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, Protocol, TypeVar
 
 from delayd.storage import native
 from delayd.storage.errors import CorruptData, UnsupportedVersion
 from delayd.storage.keyfilter import KeyFilter
+from delayd.storage.overlay import Overlay, Released, Rows, Run
 
 log = logging.getLogger("delayd.storage")
 
@@ -275,89 +276,12 @@ def put_rows(db: sqlite3.Connection, rows: Iterable[tuple[str, str | None, int, 
     insert_rows(db, PUT, PUT_ROW, 4, rows)
 
 
-_MISS = object()
 SCAN_CHUNK = 4096
 # A filter is built for GROWTH times the keys it starts with, and built again when it has taken
 # that many: each build scans every key of the index (0.6-1 µs a key), so a key is scanned about
 # 1 / (GROWTH - 1) times over its life; past 4M keys of capacity the filter costs
 # BITS_PER_KEY * GROWTH bits a held key right after a build (storage.keyfilter `filter_bits`).
 GROWTH = 3
-
-
-class Run:
-    """The keys of one `put_run`: the overlay maps each of them to this one object (no tuple or
-    int per key); `at` answers a key's (seq, deliver_at), with an index built on first use."""
-
-    __slots__ = ("keys", "first_seq", "dues", "index")
-
-    def __init__(self, keys: Sequence[str | None], first_seq: int, dues: Sequence[int]) -> None:
-        self.keys, self.first_seq, self.dues = keys, first_seq, dues
-        self.index: dict[str | None, int] | None = None
-
-    def at(self, key: str) -> tuple[int, int]:
-        if self.index is None:
-            self.index = {k: i for i, k in enumerate(self.keys)}
-        i = self.index[key]
-        return self.first_seq + i, int(self.dues[i])
-
-
-Held = tuple[int, int] | Run | None  # an overlay entry: (seq, deliver_at), a run holding it, released
-
-
-def held_by(entry: tuple[int, int] | Run, key: str) -> tuple[int, int]:
-    return entry.at(key) if type(entry) is Run else entry  # type: ignore[return-value]
-
-
-# The overlay's dicts of one topic hold at most about SLICE keys each: inserting into one dict of
-# a checkpoint's hundreds of thousands of keys costs 3-4 times what it costs into dicts that stay
-# near the CPU's caches (BENCHMARKS.md), and only the keys the filter may hold are looked up in them.
-SLICE = 16384
-
-
-class Overlay:
-    """topic -> key -> Held, each topic's entries in a list of dicts (slices), newest last: a
-    key's entry is the one in its newest slice that has it; a write goes to the newest slice,
-    and a new slice begins once that one holds SLICE keys."""
-
-    __slots__ = ("topics",)
-
-    def __init__(self) -> None:
-        self.topics: dict[str, list[dict[str | None, Held]]] = {}
-
-    def __bool__(self) -> bool:
-        return bool(self.topics)
-
-    def newest(self, topic: str) -> dict[str | None, Held]:
-        """The slice of `topic` a write goes to."""
-        slices = self.topics.get(topic)
-        if slices is None:
-            d: dict[str | None, Held] = {}
-            self.topics[topic] = [d]
-            return d
-        d = slices[-1]
-        if len(d) >= SLICE:
-            d = {}
-            slices.append(d)
-        return d
-
-    def get(self, topic: str, key: str) -> Any:
-        """The entry of (topic, key), _MISS when there is none."""
-        for d in reversed(self.topics.get(topic, ())):
-            hit = d.get(key, _MISS)
-            if hit is not _MISS:
-                return hit
-        return _MISS
-
-    def newest_first(self, topic: str) -> list[dict[str | None, Held]]:
-        return self.topics.get(topic, [])[::-1]
-
-    def keys(self) -> list[tuple[str, list[str | None]]]:
-        return [(topic, list(d)) for topic, slices in self.topics.items() for d in slices]
-
-    def absorb(self, newer: Overlay) -> None:
-        """Take `newer`'s entries in, over this overlay's."""
-        for topic, slices in newer.topics.items():
-            self.topics.setdefault(topic, []).extend(slices)
 
 
 class FilterBuild:
@@ -486,23 +410,32 @@ class KeyIndex:
         a produce's, to be put by the put_run that follows at once (told so by its `claimed`):
         the filter takes them in the same pass that asks it (`KeyFilter.claim`). A key claimed
         and then not put only leaves the filter a little fuller."""
+        return self._lookup(topic, keys, claim)[0]
+
+    def claim_many(self, topic: str, keys: list[str]) -> tuple[dict[str, tuple[int, int, int | None]], list[str] | None]:
+        """lookup_many with `claim`, and the keys the filter could not rule out (None while there
+        is no filter). Each key is asked just before it is added, so the second of two equal
+        keys is always one of them: a key that repeats in `keys` is among them."""
+        return self._lookup(topic, keys, True)
+
+    def _lookup(self, topic: str, keys: list[str], claim: bool) -> tuple[dict[str, tuple[int, int, int | None]], list[str] | None]:
         out: dict[str, tuple[int, int, int | None]] = {}
         self._install_finished()
+        maybe = None
         if claim:
             maybe = self._added(topic, keys, claim=True)[0]
             keys = maybe if maybe is not None else keys
         elif self._filter is not None:
             keys = self._filter.maybe(topic, keys)  # usually none: new keys
         if not keys:
-            return out
+            return out, maybe
         ask = keys
-        for d in [*self._current.newest_first(topic), *self._flushing.newest_first(topic)]:
-            hits = cast("set[str]", d.keys() & ask)  # usually none: new keys
+        for overlay in (self._current, self._flushing):  # the newer first
+            hits = overlay.find(topic, ask) if ask and overlay else {}  # usually none: new keys
             if hits:
-                for k in hits:
-                    held = d[k]
+                for k, held in hits.items():
                     if held is not None:  # None: released
-                        out[k] = (*held_by(held, k), None)
+                        out[k] = (*held, None)
                 ask = [k for k in ask if k not in hits]
         for i in range(0, len(ask), 900):  # SQLite's bound-parameter limit is generous; stay well under
             part = ask[i:i + 900]
@@ -511,7 +444,7 @@ class KeyIndex:
                     f"SELECT key, seq, deliver_at, done_at FROM keys WHERE topic=? AND key IN ({marks})",
                     [topic, *part]):
                 out[k] = (int(seq), int(deliver_at), done_at)
-        return out
+        return out, maybe
 
     # -- writes (queued) ------------------------------------------------------------------------
     def put_many(self, rows: list[tuple[str, str, int, int]]) -> None:
@@ -521,11 +454,9 @@ class KeyIndex:
         self._ops.append(("put", rows))
         self._queued += len(rows)
         for topic, group in groupby(rows, itemgetter(0)):
-            run = list(group)
-            self._added(topic, [r[1] for r in run])
-            d = self._current.newest(topic)
-            for _topic, key, seq, deliver_at in run:
-                d[key] = (seq, deliver_at)
+            entry = Rows(topic, list(group))
+            self._added(topic, entry.keys)
+            self._current.put(entry)
 
     def put_run(self, topic: str, keys: Sequence[str | None], first_seq: int, dues: Sequence[int],
                 claimed: int | None = None) -> None:
@@ -539,10 +470,7 @@ class KeyIndex:
         self._ops.append(("run", (topic, keys, first_seq, dues)))
         named = claimed if claimed is not None else self._added(topic, keys)[1]
         self._queued += named if named is not None else len(keys) - keys.count(None)
-        d = self._current.newest(topic)
-        # One shared value, no object per key; a keyless message's None is added too, then dropped.
-        d.update(zip(keys, repeat(Run(keys, first_seq, dues))))
-        d.pop(None, None)
+        self._current.put(Run(topic, keys, first_seq, dues))  # one object for the batch, no object a key
 
     # -- the key filter -------------------------------------------------------------------------
     def _added(self, topic: str, keys: Sequence[str | None], claim: bool = False) -> tuple[list[str] | None, int | None]:
@@ -591,11 +519,10 @@ class KeyIndex:
     def release(self, topic: str, key: str, seq: int) -> None:
         """The key is free again (its message was cancelled)."""
         self._ops.append(("release", (topic, key, seq)))
-        held = self._current.get(topic, key)
-        if held is _MISS:
-            held = self._flushing.get(topic, key)
-        if held is _MISS or held is None or held_by(held, key)[0] == seq:
-            self._current.newest(topic)[key] = None
+        hits = self._current.find(topic, [key]) or self._flushing.find(topic, [key])
+        held = hits.get(key)
+        if held is None or held[0] == seq:  # (not in the overlay, released, or held by `seq`)
+            self._current.put(Released(topic, key))
 
     def delivered(self, rows: list[tuple[int, str, str, int]]) -> None:
         """(done_at, topic, key, seq): the message was delivered; the key stays taken for the

@@ -330,8 +330,17 @@ class Store:
     def key_holders(self, topic: str, keys: list[str], claim: bool = False) -> dict[str, tuple[int, MessageState, int, int | None]]:
         """Holders of many keys with one index query (`claim`: see KeyIndex.lookup_many). The
         state comes from the message table, so a stale index entry cannot mislead."""
+        return self._holding(self.keys.lookup_many(topic, keys, claim))
+
+    def claim_holders(self, topic: str, keys: list[str]) -> tuple[dict[str, tuple[int, MessageState, int, int | None]], list[str] | None]:
+        """key_holders with `claim`, and the keys among which any that repeats in `keys` is
+        (None: not known; KeyIndex.claim_many)."""
+        found, maybe = self.keys.claim_many(topic, keys)
+        return self._holding(found), maybe
+
+    def _holding(self, found: dict[str, tuple[int, int, int | None]]) -> dict[str, tuple[int, MessageState, int, int | None]]:
         out: dict[str, tuple[int, MessageState, int, int | None]] = {}
-        for key, (seq, deliver_at, done_at) in self.keys.lookup_many(topic, keys, claim).items():
+        for key, (seq, deliver_at, done_at) in found.items():
             st = self.msgs.get(seq)[0]
             if st not in (MessageState.UNKNOWN, MessageState.CANCELLED):
                 out[key] = (seq, st, deliver_at, done_at)

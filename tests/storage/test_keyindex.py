@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from delayd.storage import keyfilter, keyindex
+from delayd.storage import keyfilter, keyindex, overlay
 from delayd.storage.keyindex import FilterBuild, KeyIndex
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -152,7 +152,7 @@ ANSWER_OPS = st.lists(st.one_of(
     st.sampled_from([("take",), ("written",), ("applied",), ("failed",), ("lookup",), ("lookup",)])), max_size=30)
 
 
-@pytest.mark.parametrize(("slice_keys", "with_filter"), [(1, True), (2, True), (keyindex.SLICE, True), (2, False)])
+@pytest.mark.parametrize(("slice_keys", "with_filter"), [(1, True), (2, True), (overlay.SLICE, True), (2, False)])
 @settings(max_examples=150, deadline=None, database=None, derandomize=True)
 @given(ops=ANSWER_OPS)
 def test_lookups_answer_what_the_operations_say_at_every_step_of_a_write(ops: list[tuple], slice_keys: int,
@@ -170,7 +170,7 @@ def test_lookups_answer_what_the_operations_say_at_every_step_of_a_write(ops: li
         ki = KeyIndex(Path(d) / "keys.sqlite")
         if not with_filter:
             ki._filter = None
-        default, keyindex.SLICE = keyindex.SLICE, slice_keys
+        default, overlay.SLICE = overlay.SLICE, slice_keys
         try:
             for op in ops:
                 if op[0] in ("put", "run"):
@@ -198,7 +198,29 @@ def test_lookups_answer_what_the_operations_say_at_every_step_of_a_write(ops: li
                 assert ki.unwritten == queued + writing, op
             assert answers(ki) == wanted(model)
         finally:
-            keyindex.SLICE = default
+            overlay.SLICE = default
+            ki.close()
+
+
+@settings(max_examples=100, deadline=None, database=None)
+@given(batches=st.lists(st.lists(st.sampled_from([f"k{i}" for i in range(12)]), max_size=10), max_size=6))
+def test_a_claim_rules_out_no_key_that_repeats_in_its_batch(batches: list[list[str]]) -> None:
+    """The broker skips its repeat check over a whole batch when none of the keys a claim could not
+    rule out repeats (broker.service `repeats`): every key that repeats must be among them, new to
+    the filter or not."""
+    with tempfile.TemporaryDirectory() as d:
+        ki = KeyIndex(Path(d) / "keys.sqlite")
+        try:
+            seq = 1
+            for named in batches:
+                found, maybe = ki.claim_many("t", named)
+                assert maybe is not None and {k for k in named if named.count(k) > 1} <= set(maybe)
+                fresh = list(dict.fromkeys(k for k in named if k not in found))  # as a produce stores them
+                ki.put_run("t", fresh, seq, [0] * len(fresh), len(fresh))
+                seq += len(fresh)
+            ki._filter = None  # no filter (as while the first one is built): not known
+            assert ki.claim_many("t", ["k0", "k0"])[1] is None
+        finally:
             ki.close()
 
 
