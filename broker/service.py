@@ -491,7 +491,7 @@ class Broker:
     def _keyed(self, store: Store, topic: str, keys: list[str | None], replace: list[bool], now: int,
                claim: bool = False) -> _Keyed:
         """Which messages of a keyed batch are stored, and what the others answer (see `produce`).
-        `claim`: the stored ones are put next, with no other put between (KeyIndex.lookup_many)."""
+        `claim`: the stored ones are put next, with no other put between (KeyIndex.claim_many)."""
         out = _Keyed()
         in_batch: dict[str, int] = {}
         # Keys are never empty, so filter(None, ...) leaves out exactly the Nones (and compares nothing).

@@ -120,7 +120,7 @@ def filter_bits(capacity: int) -> int:
 def filter_claim(bits: bytearray, topic: str, keys: Sequence[Any]) -> tuple[list[Any], int]:
     """filter_maybe and filter_add in one pass: for each key (None left out) in order, whether its
     pair may have been added (before its own), then add it. The maybe keys, and the number added.
-    A produce asks the filter about its keys and puts them in one go (KeyIndex.lookup_many)."""
+    A produce asks the filter about its keys and puts them in one go (KeyIndex.claim_many)."""
     nblocks, t = _checked(bits, topic, keys)
     maybe = []
     n = 0

@@ -405,17 +405,17 @@ class KeyIndex:
         """(seq, deliver_at, done_at) of the message holding `key`, or None."""
         return self.lookup_many(topic, [key]).get(key)
 
-    def lookup_many(self, topic: str, keys: list[str], claim: bool = False) -> dict[str, tuple[int, int, int | None]]:
-        """(seq, deliver_at, done_at) of the messages holding `keys`, by key. `claim`: the keys are
-        a produce's, to be put by the put_run that follows at once (told so by its `claimed`):
-        the filter takes them in the same pass that asks it (`KeyFilter.claim`). A key claimed
-        and then not put only leaves the filter a little fuller."""
-        return self._lookup(topic, keys, claim)[0]
+    def lookup_many(self, topic: str, keys: list[str]) -> dict[str, tuple[int, int, int | None]]:
+        """(seq, deliver_at, done_at) of the messages holding `keys`, by key."""
+        return self._lookup(topic, keys, False)[0]
 
     def claim_many(self, topic: str, keys: list[str]) -> tuple[dict[str, tuple[int, int, int | None]], list[str] | None]:
-        """lookup_many with `claim`, and the keys the filter could not rule out (None while there
-        is no filter). Each key is asked just before it is added, so the second of two equal
-        keys is always one of them: a key that repeats in `keys` is among them."""
+        """lookup_many for a produce's keys, to be put by the put_run that follows at once (told
+        so by its `claimed`): the filter takes them in the same pass that asks it
+        (`KeyFilter.claim`; a key claimed and then not put only leaves the filter a little
+        fuller). Also the keys the filter could not rule out (None while there is no filter):
+        each key is asked just before it is added, so the second of two equal keys is always one
+        of them, and a key that repeats in `keys` is among them."""
         return self._lookup(topic, keys, True)
 
     def _lookup(self, topic: str, keys: list[str], claim: bool) -> tuple[dict[str, tuple[int, int, int | None]], list[str] | None]:
@@ -463,7 +463,7 @@ class KeyIndex:
         """put_many for consecutive messages of one topic: message `first_seq + i` holds
         `keys[i]` (None: it has no key), due `dues[i]`. The rows are built by `apply`, in the
         worker thread. Neither sequence may change afterwards. `claimed`: the keys were claimed
-        by a lookup_many with no other put between (a put may start a filter build, which would
+        by a claim_many with no other put between (a put may start a filter build, which would
         not know them); how many of them are not None."""
         if len(keys) != len(dues):
             raise ValueError(f"{len(keys)} keys, {len(dues)} due times")

@@ -327,14 +327,14 @@ class Store:
         """(seq, state, deliver_at, done_at) of the message holding `key` now, or None."""
         return self.key_holders(topic, [key]).get(key)
 
-    def key_holders(self, topic: str, keys: list[str], claim: bool = False) -> dict[str, tuple[int, MessageState, int, int | None]]:
-        """Holders of many keys with one index query (`claim`: see KeyIndex.lookup_many). The
-        state comes from the message table, so a stale index entry cannot mislead."""
-        return self._holding(self.keys.lookup_many(topic, keys, claim))
+    def key_holders(self, topic: str, keys: list[str]) -> dict[str, tuple[int, MessageState, int, int | None]]:
+        """Holders of many keys with one index query. The state comes from the message table, so
+        a stale index entry cannot mislead."""
+        return self._holding(self.keys.lookup_many(topic, keys))
 
     def claim_holders(self, topic: str, keys: list[str]) -> tuple[dict[str, tuple[int, MessageState, int, int | None]], list[str] | None]:
-        """key_holders with `claim`, and the keys among which any that repeats in `keys` is
-        (None: not known; KeyIndex.claim_many)."""
+        """key_holders for a produce's keys, claimed in the same pass (KeyIndex.claim_many), and
+        the keys among which any that repeats in `keys` is (None: not known)."""
         found, maybe = self.keys.claim_many(topic, keys)
         return self._holding(found), maybe
 

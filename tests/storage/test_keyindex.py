@@ -73,11 +73,11 @@ OPS = st.lists(st.one_of(
 
 def put_run(ki: KeyIndex, claim: bool, topic: str, keys: Sequence[str | None], seq: int, dues: list[int]) -> None:
     """ki.put_run, the keys claimed first when `claim` (as a produce puts them: asked and added
-    to the filter in one pass, see KeyIndex.lookup_many)."""
+    to the filter in one pass, see KeyIndex.claim_many)."""
     claimed = None
     if claim:
         named = [k for k in keys if k is not None]
-        ki.lookup_many(topic, named, claim=True)
+        ki.claim_many(topic, named)
         claimed = len(named)
     ki.put_run(topic, keys, seq, dues, claimed)
 
