@@ -13,8 +13,8 @@ newest last; a key's answer is its newest entry (the highest number, then the hi
 it). A table takes up to half its slots (SLICE keys), then the next one begins: a table stays
 near the CPU's caches while it is filled, and never grows or rehashes on the event loop.
 
-Table (a bytearray of 16 + 16 * nslots bytes, nslots a power of two, 2 or more; fields in the
-machine's byte order, like the filter's hashes never stored):
+Table (a bytearray of 16 + 16 * nslots bytes, nslots a power of two, 2 or more; fields
+little-endian, as the batch core reads every field; never stored, like the filter):
 
     offset        size  field  meaning
     ------------  ----  -----  --------------------------------------------------------------
