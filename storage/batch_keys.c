@@ -30,6 +30,22 @@ typedef struct {
     PyObject *keys;
 } KfArgs;
 
+/* Check the topic and the keys (storage/keyfilter.py keys_part), and take the topic's part of the
+ * pairs' hashes and a reference to the keys (the filter's bits are left alone). */
+static int kf_keys(PyObject *topic, PyObject *keys, KfArgs *a) {
+    if (!PyUnicode_Check(topic)) { PyErr_SetString(PyExc_TypeError, "topic: expected a str"); return -1; }
+    if (!PyList_Check(keys) && !PyTuple_Check(keys)) {
+        PyErr_SetString(PyExc_TypeError, "keys: expected a list or a tuple");
+        return -1;
+    }
+    Py_hash_t th = PyObject_Hash(topic);
+    if (th == -1) return -1;
+    a->topic_part = (uint64_t)th * KF_GOLDEN;
+    Py_INCREF(keys);
+    a->keys = keys;
+    return 0;
+}
+
 static int kf_open(PyObject *args, KfArgs *a) {
     PyObject *bo, *topic, *keys;
     a->bits.held = 0;
@@ -41,18 +57,9 @@ static int kf_open(PyObject *args, KfArgs *a) {
         PyErr_Format(PyExc_ValueError, "bits: %zd bytes is not a whole number of %d-byte blocks", len, KF_BLOCK);
         return -1;
     }
-    if (!PyUnicode_Check(topic)) { PyErr_SetString(PyExc_TypeError, "topic: expected a str"); return -1; }
-    if (!PyList_Check(keys) && !PyTuple_Check(keys)) {
-        PyErr_SetString(PyExc_TypeError, "keys: expected a list or a tuple");
-        return -1;
-    }
-    Py_hash_t th = PyObject_Hash(topic);
-    if (th == -1) return -1;
+    if (kf_keys(topic, keys, a) < 0) return -1;
     if (buf_get(bo, &a->bits, 1, "bits") < 0) return -1;
     a->nblocks = (uint64_t)len / KF_BLOCK;
-    a->topic_part = (uint64_t)th * KF_GOLDEN;
-    Py_INCREF(keys);
-    a->keys = keys;
     return 0;
 }
 
@@ -61,9 +68,12 @@ static void kf_close(KfArgs *a) {
     Py_XDECREF(a->keys);
 }
 
+/* A pair's hash (storage/keyfilter.py pair_hash): the filter's places and the overlay's slots. */
+static inline uint64_t kf_pair(const KfArgs *a, Py_hash_t kh) { return kf_mix((uint64_t)kh + a->topic_part); }
+
 /* The bit numbers (within the filter) of one pair. */
 static inline void kf_places(const KfArgs *a, Py_hash_t kh, uint64_t place[KF_PROBES]) {
-    uint64_t z = kf_mix((uint64_t)kh + a->topic_part);
+    uint64_t z = kf_pair(a, kh);
     uint64_t base = (((z & 0xFFFFFFFFull) * a->nblocks) >> 32) * KF_BLOCK * 8;
     uint64_t w = kf_mix(z);
     for (int i = 0; i < KF_PROBES; i++) place[i] = base + ((w >> (9 * i)) & 511);
@@ -232,23 +242,11 @@ static int ov_open(PyObject *to, OvTable *t) {
     return 0;
 }
 
-static inline uint64_t ov_pair(const KfArgs *a, Py_hash_t kh) { return kf_mix((uint64_t)kh + a->topic_part); }
-
-/* The keys' checks are the filter's (kf_open without its bits): the topic's part of the hash. */
+/* The keys' checks are the filter's (kf_keys, no bits held). */
 static int ov_keys(PyObject *topic, PyObject *keys, KfArgs *a) {
     a->bits.held = 0;
     a->keys = NULL;
-    if (!PyUnicode_Check(topic)) { PyErr_SetString(PyExc_TypeError, "topic: expected a str"); return -1; }
-    if (!PyList_Check(keys) && !PyTuple_Check(keys)) {
-        PyErr_SetString(PyExc_TypeError, "keys: expected a list or a tuple");
-        return -1;
-    }
-    Py_hash_t th = PyObject_Hash(topic);
-    if (th == -1) return -1;
-    a->topic_part = (uint64_t)th * KF_GOLDEN;
-    Py_INCREF(keys);
-    a->keys = keys;
-    return 0;
+    return kf_keys(topic, keys, a);
 }
 
 /* overlay_put(table, topic, keys, entry, start): a slot for each key from keys[start] on (None
@@ -289,7 +287,7 @@ PyObject *overlay_put(PyObject *self, PyObject *args) {
             Py_hash_t kh = PyObject_Hash(key);
             Py_DECREF(key);
             if (kh == -1) { failed = 1; break; }
-            z[n] = ov_pair(&a, kh);
+            z[n] = kf_pair(&a, kh);
             at[n++] = next++;
             __builtin_prefetch(t.slots + ((z[n - 1] >> 32) & mask) * OV_SLOT, 1);
         }
@@ -339,7 +337,7 @@ PyObject *overlay_find(PyObject *self, PyObject *args) {
         Py_hash_t kh = PyObject_Hash(key);
         Py_DECREF(key);
         if (kh == -1) { Py_CLEAR(out); break; }
-        uint64_t z = ov_pair(&a, kh), s = (z >> 32) & mask;
+        uint64_t z = kf_pair(&a, kh), s = (z >> 32) & mask;
         for (uint64_t probes = 0; probes < t.nslots; probes++, s = (s + 1) & mask) {
             const uint8_t *slot = t.slots + s * OV_SLOT;
             uint32_t e = rd32(slot + 8);

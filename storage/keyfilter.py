@@ -65,15 +65,16 @@ def _checked(bits: Any, topic: Any, keys: Any) -> tuple[int, int]:
         raise TypeError("bits: expected a bytearray")
     if len(bits) == 0 or len(bits) % BLOCK:
         raise ValueError(f"bits: {len(bits)} bytes is not a whole number of {BLOCK}-byte blocks")
+    return len(bits) // BLOCK, keys_part(topic, keys)
+
+
+def keys_part(topic: Any, keys: Any) -> int:
+    """The topic's part of every pair's hash, once the topic and the keys are checked (also
+    storage.overlay's)."""
     if not isinstance(topic, str):
         raise TypeError("topic: expected a str")
     if not isinstance(keys, (list, tuple)):
         raise TypeError("keys: expected a list or a tuple")
-    return len(bits) // BLOCK, topic_part(topic)
-
-
-def topic_part(topic: str) -> int:
-    """The topic's part of every pair's hash."""
     return (hash(topic) & M64) * GOLDEN
 
 

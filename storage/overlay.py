@@ -42,7 +42,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from delayd.storage import native
-from delayd.storage.keyfilter import pair_hash, topic_part
+from delayd.storage.keyfilter import keys_part, pair_hash
 
 HEADER = 16
 SLOT = struct.Struct("<QII")  # hash, 1 + entry, at
@@ -60,14 +60,8 @@ def new_table(keys: int) -> bytearray:
     return bytearray(HEADER + SLOT.size * (1 << max(keys * 2 - 1, 1).bit_length()))
 
 
-def _opened(table: Any, topic: Any, keys: Any) -> tuple[int, int, int]:
-    """(nslots, used, the topic's part of the pairs' hashes), once the arguments are checked (in
-    the compiled functions' order)."""
-    if not isinstance(topic, str):
-        raise TypeError("topic: expected a str")
-    if not isinstance(keys, (list, tuple)):
-        raise TypeError("keys: expected a list or a tuple")
-    tpart = topic_part(topic)
+def _opened(table: Any) -> tuple[int, int]:
+    """(nslots, used) of a table, once it is checked."""
     if not isinstance(table, bytearray):
         raise TypeError("table: expected a bytearray")
     n = (len(table) - HEADER) // SLOT.size if len(table) >= HEADER + 2 * SLOT.size and (len(table) - HEADER) % SLOT.size == 0 else 0
@@ -77,7 +71,7 @@ def _opened(table: Any, topic: Any, keys: Any) -> tuple[int, int, int]:
     used = _USED.unpack_from(table)[0]
     if used > n // 2:
         raise ValueError(f"table: damaged ({used} entries held, room for {n // 2})")
-    return n, used, tpart
+    return n, used
 
 
 def overlay_put(table: bytearray, topic: str, keys: Sequence[Any], entry: int, start: int) -> int:
@@ -87,13 +81,10 @@ def overlay_put(table: bytearray, topic: str, keys: Sequence[Any], entry: int, s
     entry, start = operator.index(entry), operator.index(start)
     if not 0 <= entry < 0xFFFFFFFF:
         raise ValueError("entry: out of range")
-    if not isinstance(topic, str):
-        raise TypeError("topic: expected a str")
-    if not isinstance(keys, (list, tuple)):
-        raise TypeError("keys: expected a list or a tuple")
+    tpart = keys_part(topic, keys)
     if not 0 <= start <= len(keys) or len(keys) > 0xFFFFFFFF:
         raise ValueError("start: out of range")
-    n, used, tpart = _opened(table, topic, keys)
+    n, used = _opened(table)
     mask = n - 1
     i = start
     try:
@@ -121,7 +112,8 @@ def overlay_put(table: bytearray, topic: str, keys: Sequence[Any], entry: int, s
 def overlay_find(table: bytearray, topic: str, keys: Sequence[Any]) -> list[tuple[int, int, int]]:
     """(place in keys, entry, the key's place in the entry) for every slot whose pair hash is a
     key's (None left out), in the keys' order, each key's in probe order."""
-    n, _used, tpart = _opened(table, topic, keys)
+    tpart = keys_part(topic, keys)
+    n, _used = _opened(table)
     mask = n - 1
     out = []
     for i, key in enumerate(keys):
