@@ -23,7 +23,10 @@ static size_t utf8_chars(const uint8_t *s, size_t n) {
 
 enum { F_BODY, F_BODY_B64, F_DELAY, F_DELIVER_AT, F_KEY, F_TAG, F_HEADERS, F_REPLACE, F_COUNT };
 static PyObject *field_names[F_COUNT];
-static const char *field_cstr[F_COUNT] = {"body", "body_b64", "delay_ms", "deliver_at", "key", "tag", "headers", "replace"};
+#define FIELD(name) {name, sizeof(name) - 1}
+static const struct { const char *s; size_t n; } field_cstr[F_COUNT] = {
+    FIELD("body"), FIELD("body_b64"), FIELD("delay_ms"), FIELD("deliver_at"), FIELD("key"), FIELD("tag"),
+    FIELD("headers"), FIELD("replace")};
 
 typedef struct {
     const char *body;
@@ -347,10 +350,8 @@ static int parse_raw_item(Mp *m, int64_t now_ms, const Limits *lim, Item *it, in
     for (uint64_t e = 0; e < fields; e++) {
         if (!mp_read(m, &k) || k.kind != MK_STR) return 0;
         int f = -1;
-        for (int i = 0; i < F_COUNT; i++) {
-            size_t fl = strlen(field_cstr[i]);
-            if (k.n == fl && memcmp(k.s, field_cstr[i], fl) == 0) { f = i; break; }
-        }
+        for (int i = 0; i < F_COUNT; i++)
+            if (k.n == field_cstr[i].n && memcmp(k.s, field_cstr[i].s, field_cstr[i].n) == 0) { f = i; break; }
         if (f < 0 || f == F_BODY_B64 || (seen & (1u << f))) return 0;  /* unknown, body_b64, a repeat */
         seen |= 1u << f;
         if (!mp_read(m, &v)) return 0;
@@ -605,7 +606,7 @@ done:
 
 int batch_produce_init(void) {
     for (int i = 0; i < F_COUNT; i++) {
-        field_names[i] = PyUnicode_InternFromString(field_cstr[i]);
+        field_names[i] = PyUnicode_InternFromString(field_cstr[i].s);
         if (!field_names[i]) return -1;
     }
     return 0;

@@ -438,6 +438,11 @@ Read *find_read(Read *reads, Py_ssize_t nreads, int64_t off, uint32_t size) {
 int utf8_ok(const uint8_t *s, size_t n) {
     size_t i = 0;
     while (i < n) {
+        if (n - i >= 8) {  /* eight ASCII bytes at a time */
+            uint64_t w;
+            memcpy(&w, s + i, 8);
+            if (!(w & 0x8080808080808080ull)) { i += 8; continue; }
+        }
         uint8_t c = s[i];
         if (c < 0x80) { i++; continue; }
         size_t len;

@@ -208,6 +208,26 @@ def test_encode_produce_raw_decides_what_clients_send(items: list[dict[str, Any]
     assert ref.encode_produce_raw(raw, b"orders", NOW, 3, LIMITS, 1000, 10**6, None) == want
 
 
+@SETTINGS
+@given(st.integers(0, 20), st.sampled_from([b"\xc3\xa9", b"\xe2\x82\xac", b"\xf0\x9f\x98\x80", b"\xff", b"\xc3",
+                                            b"\xc0\x80", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\x80"]),
+       st.integers(0, 20))
+def test_a_str_is_checked_as_utf8_at_any_offset(before: int, middle: bytes, after: int) -> None:
+    """A key's bytes are UTF-8 checked eight ASCII bytes at a time, then byte by byte: a sequence
+    (valid, cut short, overlong, a surrogate, past U+10FFFF) is judged the same wherever it falls
+    against those eight-byte steps, as bytes.decode judges it."""
+    text = b"k" * before + middle + b"y" * after
+    raw = b"\x81\xa8messages\x91\x82\xa4body\xc4\x01x\xa3key\xd9" + bytes([len(text)]) + text
+    got = c.encode_produce_raw(raw, b"orders", NOW, 3, LIMITS, 1000, 10**6, None)
+    try:
+        key = text.decode("utf-8")
+    except UnicodeDecodeError:
+        assert got is None  # (the reference path then answers it: 400)
+    else:
+        assert got is not None and got[3] == [key]
+        assert got == ref.encode_produce_raw(raw, b"orders", NOW, 3, LIMITS, 1000, 10**6, None)
+
+
 def test_encode_produce_raw_takes_any_msgpack_width() -> None:
     """msgpack allows wider encodings than the shortest (str8 for a short name, uint64 for a small
     number, map16 for a small map); what they mean is decided the same, and headers are stored in
