@@ -15,7 +15,7 @@ so an entry that missed an update can never produce a wrong answer.
 A key filter (storage/keyfilter.py) in memory answers first: only the keys it may hold are
 looked up (`FilterBuild` says how it is built without ever missing a key).
 
-Table `keys` (one row per key):
+Tables `keys` and `recent` (the same columns; one row per key in each):
 
     column      type     meaning
     ----------  -------  ---------------------------------------------------------------
@@ -25,9 +25,20 @@ Table `keys` (one row per key):
     deliver_at  INTEGER  its due time, epoch ms
     done_at     INTEGER  when it was delivered (NULL while pending), for the dedup window
 
+Two tables, so that the B-tree a checkpoint inserts into stays small. Inserting a batch of
+random keys into one big B-tree dirties nearly every leaf page, and each page is written once
+to the WAL and once back: with 3M keys held, 100,000 new keys cost 0.6 s (BENCHMARKS.md), and
+the cost grows with the index. New rows go to `recent`; once it holds about
+sqrt(MERGE_SCALE x the rows of `keys`) rows (at least MERGE_MIN), checkpoints move it into `keys`
+a key range of MERGE_SLICE rows at a time, each range rewriting only its own part of `keys`.
+A row in `recent` is newer than a row of the same pair in `keys` (which it replaces when it
+moves): lookups read `recent` first; a release that deletes a row of `recent` also deletes the
+older rows of the pair in `keys`; a move replaces them.
+
 Version history: 1 — original (`PRAGMA user_version`; `stored_version` reads it from the
 file header without opening the database, so a newer index is refused before anything is
-written).
+written). 2 — the table `recent` (a version-1 index is opened as it is, with `recent` empty;
+version 1 refuses a version-2 index, whose newest rows it would not read).
 """
 
 from __future__ import annotations
@@ -36,6 +47,7 @@ import bisect
 import functools
 import json
 import logging
+import math
 import sqlite3
 import sys
 import threading
@@ -54,7 +66,7 @@ from delayd.storage.overlay import Overlay, Released, Rows, Run
 
 log = logging.getLogger("delayd.storage")
 
-KEYINDEX_VERSION = 1
+KEYINDEX_VERSION = 2
 SQLITE_USER_VERSION_AT = 60  # the file header's user_version: a big-endian u32 at byte 60
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -229,7 +241,7 @@ _compiled = native.compiled()
 ops: Any = _compiled if _compiled is not None else sys.modules[__name__]
 
 Op = tuple[str, Any]
-PUT = "INSERT OR REPLACE INTO keys (topic, key, seq, deliver_at, done_at) VALUES "
+PUT = "INSERT OR REPLACE INTO recent (topic, key, seq, deliver_at, done_at) VALUES "
 PUT_ROW = "(?, ?, ?, ?, NULL)"
 # Parameters one INSERT of many rows carries at most (under the 999 of SQLite before 3.32).
 # Python's sqlite3 gives the GIL up and takes it back around every step, and an executemany
@@ -257,7 +269,7 @@ def insert_rows(db: sqlite3.Connection, head: str, row: str, width: int, rows: I
 # The same rows from the JSON text of `key_rows_json` ([[key, seq, deliver_at], ...] of one topic):
 # SQLite makes them in one step, with the GIL let go, where binding four parameters a row holds
 # it (json_each keeps the array's order, so a later row of a key still replaces an earlier one).
-PUT_JSON = ("INSERT OR REPLACE INTO keys (topic, key, seq, deliver_at, done_at) SELECT ?, "
+PUT_JSON = ("INSERT OR REPLACE INTO recent (topic, key, seq, deliver_at, done_at) SELECT ?, "
             "json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]'), NULL "
             "FROM json_each(?)")
 JSON_ROWS = 8192  # rows a PUT_JSON statement (about 40 bytes of text a row)
@@ -277,6 +289,14 @@ def put_rows(db: sqlite3.Connection, rows: Iterable[tuple[str, str | None, int, 
 
 
 SCAN_CHUNK = 4096
+TABLES = ("recent", "keys")  # the newer first
+# `recent` moves into `keys` once it holds max(MERGE_MIN, isqrt(MERGE_SCALE * rows of keys)) rows,
+# MERGE_SLICE rows (a key range) a checkpoint. A checkpoint of B random keys into `recent` of R
+# rows costs about R pages, a move of R rows into `keys` of K rows about K: per key R / 2B + K / R,
+# least near R = sqrt(2BK); MERGE_SCALE is 2B for B = 100,000 keys a checkpoint.
+MERGE_MIN = 1 << 18
+MERGE_SCALE = 200_000
+MERGE_SLICE = 1 << 18
 # A filter is built for GROWTH times the keys it starts with, and built again when it has taken
 # that many: each build scans every key of the index (0.6-1 µs a key), so a key is scanned about
 # 1 / (GROWTH - 1) times over its life; past 4M keys of capacity the filter costs
@@ -318,15 +338,16 @@ class FilterBuild:
             return
         try:
             db.execute("BEGIN")
-            n = db.execute("SELECT count(*) FROM keys").fetchone()[0]
+            n = sum(db.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in TABLES)
             f = KeyFilter(GROWTH * (n + sum(len(keys) for _, keys in self.recorded)))
             # A topic at a time: one-column rows cost half of what (topic, key) rows and grouping do.
-            for (topic,) in db.execute("SELECT DISTINCT topic FROM keys").fetchall():
-                cur = db.execute("SELECT key FROM keys WHERE topic = ?", (topic,))
-                while rows := cur.fetchmany(SCAN_CHUNK):
-                    if self.stop:
-                        return
-                    f.add(topic, [r[0] for r in rows])
+            for table in TABLES:
+                for (topic,) in db.execute(f"SELECT DISTINCT topic FROM {table}").fetchall():
+                    cur = db.execute(f"SELECT key FROM {table} WHERE topic = ?", (topic,))
+                    while rows := cur.fetchmany(SCAN_CHUNK):
+                        if self.stop:
+                            return
+                        f.add(topic, [r[0] for r in rows])
             self.result = f
         except Exception as e:  # a damaged index: lookups stay correct without the filter
             log.warning("key filter not built (%s); every key is looked up in the index", e)
@@ -363,6 +384,11 @@ class KeyIndex:
             raise
         self.writer = self._connect(cache_kib)
         self.json_rows = has_json(self.writer)  # `_put_runs` writes keys as JSON text
+        # Rows of `recent` and of `keys` (counted by the first `apply`, then kept: an estimate,
+        # a replaced row counted as new), and where the move of `recent` into `keys` is (the
+        # pair the next slice starts at; None: no move under way).
+        self._rows: list[int] | None = None
+        self._merge_from: tuple[str, str] | None = None
         self._ops: list[Op] = []
         self._queued = 0  # keys put in `_ops`
         self._writing = 0  # keys put in the operations `apply` is writing
@@ -390,10 +416,16 @@ class KeyIndex:
                         "seq INTEGER NOT NULL, deliver_at INTEGER NOT NULL, done_at INTEGER, "
                         "PRIMARY KEY (topic, key)) WITHOUT ROWID")
         self.db.execute("CREATE INDEX IF NOT EXISTS keys_done ON keys(done_at) WHERE done_at IS NOT NULL")
+        self.db.execute("CREATE TABLE IF NOT EXISTS recent (topic TEXT NOT NULL, key TEXT NOT NULL, "
+                        "seq INTEGER NOT NULL, deliver_at INTEGER NOT NULL, done_at INTEGER, "
+                        "PRIMARY KEY (topic, key)) WITHOUT ROWID")
+        self.db.execute("CREATE INDEX IF NOT EXISTS recent_done ON recent(done_at) WHERE done_at IS NOT NULL")
         self.db.execute("CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER) WITHOUT ROWID")
         self.db.execute(f"PRAGMA user_version={KEYINDEX_VERSION}")
         self.db.commit()
-        return self.db.execute("SELECT 1 FROM keys LIMIT 1").fetchone() is None
+        if version != KEYINDEX_VERSION:  # the file's header too (`stored_version`), not only the WAL
+            self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        return all(self.db.execute(f"SELECT 1 FROM {t} LIMIT 1").fetchone() is None for t in TABLES)
 
     @property
     def commit_pos(self) -> int:
@@ -437,13 +469,21 @@ class KeyIndex:
                     if held is not None:  # None: released
                         out[k] = (*held, None)
                 ask = [k for k in ask if k not in hits]
-        for i in range(0, len(ask), 900):  # SQLite's bound-parameter limit is generous; stay well under
-            part = ask[i:i + 900]
+        for i in range(0, len(ask), 450):  # under SQLite's bound-parameter limit (999 before 3.32)
+            part = ask[i:i + 450]
             marks = ",".join("?" * len(part))
-            for k, seq, deliver_at, done_at in self.db.execute(
-                    f"SELECT key, seq, deliver_at, done_at FROM keys WHERE topic=? AND key IN ({marks})",
-                    [topic, *part]):
-                out[k] = (int(seq), int(deliver_at), done_at)
+            older = []  # both tables in one statement (one snapshot: a move cannot fall between them)
+            for k, seq, deliver_at, done_at, new in self.db.execute(
+                    f"SELECT key, seq, deliver_at, done_at, 1 FROM recent WHERE topic=? AND key IN ({marks}) UNION ALL "
+                    f"SELECT key, seq, deliver_at, done_at, 0 FROM keys WHERE topic=? AND key IN ({marks})",
+                    [topic, *part, topic, *part]):
+                row = (int(seq), int(deliver_at), done_at)
+                if new:
+                    out[k] = row
+                else:
+                    older.append((k, row))
+            for k, row in older:
+                out.setdefault(k, row)  # (a row of `recent` is the newer)
         return out, maybe
 
     # -- writes (queued) ------------------------------------------------------------------------
@@ -554,24 +594,59 @@ class KeyIndex:
         """Write queued operations and the log position they cover, atomically. Runs on the
         writer connection; safe in a worker thread while the event loop keeps reading."""
         w = self.writer
+        if self._rows is None:
+            self._rows = [int(w.execute(f"SELECT count(*) FROM {t}").fetchone()[0]) for t in TABLES]
+        rows = list(self._rows)  # (kept only once the transaction commits)
         runs: list[tuple[str, Sequence[str | None], int, Sequence[int]]] = []  # consecutive runs
         for kind, arg in ops:
             if kind == "run":
                 runs.append(arg)
+                rows[0] += len(arg[1]) - arg[1].count(None)
                 continue
             self._put_runs(runs)  # before what comes after them
             runs = []
             if kind == "put":
                 put_rows(w, arg)
+                rows[0] += len(arg)
             elif kind == "release":
-                w.execute("DELETE FROM keys WHERE topic=? AND key=? AND seq=?", arg)
+                if w.execute("DELETE FROM recent WHERE topic=? AND key=? AND seq=?", arg).rowcount:
+                    w.execute("DELETE FROM keys WHERE topic=? AND key=? AND seq<?", arg)  # the older row it replaced
+                else:
+                    w.execute("DELETE FROM keys WHERE topic=? AND key=? AND seq=?", arg)
             elif kind == "delivered":
-                w.executemany("UPDATE keys SET done_at=? WHERE topic=? AND key=? AND seq=?", arg)
-            elif kind == "expire":
-                w.execute("DELETE FROM keys WHERE done_at IS NOT NULL AND done_at < ?", (arg,))
+                for table in TABLES:
+                    w.executemany(f"UPDATE {table} SET done_at=? WHERE topic=? AND key=? AND seq=?", arg)
+            elif kind == "expire":  # (a pair's older row in `keys` goes with its row in `recent`)
+                rows[1] -= w.execute("DELETE FROM keys WHERE (topic, key) IN (SELECT topic, key FROM recent "
+                                     "WHERE done_at IS NOT NULL AND done_at < ?)", (arg,)).rowcount
+                for i, table in enumerate(TABLES):
+                    rows[i] -= w.execute(f"DELETE FROM {table} WHERE done_at IS NOT NULL AND done_at < ?", (arg,)).rowcount
         self._put_runs(runs)
+        merge_from = self._merge(rows)
         w.execute("INSERT OR REPLACE INTO meta (name, value) VALUES ('commit_pos', ?)", (commit_pos,))
         w.commit()
+        self._rows, self._merge_from = rows, merge_from
+
+    def _merge(self, rows: list[int]) -> tuple[str, str] | None:
+        """Move the next slice of `recent` into `keys` when a move is under way or due (the
+        module's docstring): the rows of a key range, MERGE_SLICE of them, each replacing the
+        older row of its pair. Where the next slice starts (None: the move is over)."""
+        start = self._merge_from
+        if start is None:
+            if rows[0] < max(MERGE_MIN, math.isqrt(MERGE_SCALE * max(rows[1], 0))):
+                return None
+            start = ("", "")  # (every pair sorts at or after it)
+        w = self.writer
+        end = w.execute("SELECT topic, key FROM recent WHERE (topic, key) >= (?, ?) ORDER BY topic, key "
+                        "LIMIT 1 OFFSET ?", (*start, MERGE_SLICE)).fetchone()
+        where, args = ("(topic, key) >= (?, ?) AND (topic, key) < (?, ?)", (*start, *end)) if end else \
+            ("(topic, key) >= (?, ?)", start)
+        w.execute("INSERT OR REPLACE INTO keys (topic, key, seq, deliver_at, done_at) "
+                  f"SELECT topic, key, seq, deliver_at, done_at FROM recent WHERE {where}", args)
+        moved = w.execute(f"DELETE FROM recent WHERE {where}", args).rowcount
+        rows[0] -= moved
+        rows[1] += moved
+        return (str(end[0]), str(end[1])) if end else None
 
     def _put_runs(self, runs: list[tuple[str, Sequence[str | None], int, Sequence[int]]]) -> None:
         """Write the keys of consecutive runs in key order (`key_order`): as JSON text that
@@ -624,7 +699,8 @@ class KeyIndex:
         self.applied()
 
     def count(self) -> int:
-        return int(self.db.execute("SELECT count(*) FROM keys").fetchone()[0])
+        """Rows in both tables (a pair whose older row waits in `keys` for the move counts twice)."""
+        return sum(int(self.db.execute(f"SELECT count(*) FROM {t}").fetchone()[0]) for t in TABLES)
 
     def reset(self) -> None:
         if self._build is not None:
@@ -634,9 +710,11 @@ class KeyIndex:
         self._ops.clear()
         self._queued = self._writing = 0
         self._current, self._flushing = Overlay(), Overlay()
-        self.writer.execute("DELETE FROM keys")
+        for table in TABLES:
+            self.writer.execute(f"DELETE FROM {table}")
         self.writer.execute("DELETE FROM meta")
         self.writer.commit()
+        self._rows, self._merge_from = [0, 0], None
 
     def disk_bytes(self) -> int:
         return sum(p.stat().st_size for p in self.path.parent.glob(self.path.name + "*"))

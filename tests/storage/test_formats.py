@@ -29,6 +29,7 @@ from delayd.storage.errors import (
     StorageError,
     UnsupportedVersion,
 )
+from delayd.storage.keyindex import KEYINDEX_VERSION
 from delayd.storage.msgtable import MSGTABLE_FORMAT, MessageTable
 from delayd.storage.readyqueue import READY_FORMAT, ReadyQueue
 from delayd.storage.recovery import open_store
@@ -166,10 +167,11 @@ def bump_meta(d: Path) -> None:
     p.write_bytes(bytes(raw))
 
 
-def bump_sqlite(p: Path) -> None:
+def bump_sqlite(p: Path, version: int) -> None:
+    """Mark the SQLite index `p` as written by a newer version, `version`."""
     assert p.exists()
     db = sqlite3.connect(p)
-    db.execute("PRAGMA user_version=2")
+    db.execute(f"PRAGMA user_version={version}")
     db.commit()
     db.close()
 
@@ -183,8 +185,9 @@ BUMPS: dict[str, tuple[Callable[[Path], None], str]] = {
     "ready-queue segment": (lambda d: bump_segment(d / "ready" / "orders", READY_FORMAT), "format version 3"),
     "message-table segment": (lambda d: bump_segment(d / "msgtable", MSGTABLE_FORMAT), "format version 3"),
     "meta": (bump_meta, f"meta: format version {META_VERSION + 1}"),
-    "key index": (lambda d: bump_sqlite(d / "keys.sqlite"), "keys.sqlite: format version 2"),
-    "far index": (lambda d: bump_sqlite(d / "far.sqlite"), "far.sqlite: format version 2"),
+    "key index": (lambda d: bump_sqlite(d / "keys.sqlite", KEYINDEX_VERSION + 1),
+                  f"keys.sqlite: format version {KEYINDEX_VERSION + 1}"),
+    "far index": (lambda d: bump_sqlite(d / "far.sqlite", 2), "far.sqlite: format version 2"),
 }
 
 

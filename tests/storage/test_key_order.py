@@ -94,7 +94,7 @@ def test_compiled_rows_match_the_reference_and_sqlite_stores_them(runs: list[tup
     tables = []
     for via_json in (True, False, "stretches"):
         db = sqlite3.connect(":memory:")
-        db.execute("CREATE TABLE keys (topic TEXT NOT NULL, key TEXT NOT NULL, seq INTEGER NOT NULL, "
+        db.execute("CREATE TABLE recent (topic TEXT NOT NULL, key TEXT NOT NULL, seq INTEGER NOT NULL, "
                    "deliver_at INTEGER NOT NULL, done_at INTEGER, PRIMARY KEY (topic, key)) WITHOUT ROWID")
         places = array("Q", rest if via_json is True else order)
         if via_json is True:
@@ -110,7 +110,7 @@ def test_compiled_rows_match_the_reference_and_sqlite_stores_them(runs: list[tup
                 nul.append(part[1])
             places = array("Q", b"".join(nul))
         ref.put_rows(db, [(flat[p][0], flat[p][1], flat[p][2], dues[p]) for p in places])
-        tables.append(db.execute("SELECT topic, key, seq, deliver_at, done_at FROM keys ORDER BY topic, key").fetchall())
+        tables.append(db.execute("SELECT topic, key, seq, deliver_at, done_at FROM recent ORDER BY topic, key").fetchall())
     assert tables[0] == tables[1] == tables[2]
     assert sorted(array("Q", rest)) == sorted(p for p in array("Q", order) if "\x00" in flat[p][1])
 

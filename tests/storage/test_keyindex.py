@@ -23,7 +23,12 @@ RUNS = st.lists(st.tuples(st.sampled_from(["a", "b"]), st.lists(st.none() | KEYS
 
 
 def rows_of(ki: KeyIndex) -> list[tuple[object, ...]]:
-    return list(ki.db.execute("SELECT topic, key, seq, deliver_at, done_at FROM keys ORDER BY topic, key"))
+    """The index's rows as one table: a pair's row in `recent` over its older row in `keys`."""
+    rows = {}
+    for table in ("keys", "recent"):
+        for row in ki.db.execute(f"SELECT topic, key, seq, deliver_at, done_at FROM {table}"):
+            rows[row[:2]] = row
+    return sorted(rows.values())
 
 
 def everything(ki: KeyIndex) -> dict[str, dict[str, tuple[int, int, int | None]]]:
@@ -95,19 +100,26 @@ def put(ki: KeyIndex, op: tuple, seq: int) -> tuple[list[tuple[str, str, int, in
     return [(t, k, seq + i, 100 + seq + i) for i, k in enumerate(keys) if k is not None], len(keys)
 
 
-@pytest.mark.parametrize("params_per_statement", [4, 8, keyindex.INSERT_PARAMS])
+@pytest.mark.parametrize(("params_per_statement", "merge"), [(4, None), (8, None), (keyindex.INSERT_PARAMS, None),
+                                                            (keyindex.INSERT_PARAMS, (1, 1)), (8, (2, 1)), (4, (3, 2))])
 @settings(max_examples=100, deadline=None, database=None, derandomize=True)
 @given(ops=OPS)
-def test_the_written_index_is_what_the_operations_say_in_their_order(ops: list[tuple],
-                                                                    params_per_statement: int) -> None:
+def test_the_written_index_is_what_the_operations_say_in_their_order(ops: list[tuple], params_per_statement: int,
+                                                                    merge: tuple[int, int] | None) -> None:
     """What `apply` writes, in whatever way it writes it: a later put of a key wins over an
     earlier one (in one INSERT of many rows, and across them), and a release, a delivery or an
-    expiry sees exactly the puts queued before it."""
+    expiry sees exactly the puts queued before it. `merge` (MERGE_MIN, MERGE_SLICE): `recent`
+    moves into `keys` after every few rows, a slice of a row or two each checkpoint, so that a
+    pair's older row waits in `keys` while its newer one is in `recent`, and the two tables
+    together answer as the one table of the model, at every checkpoint."""
     model: dict[tuple[str, str], tuple[int, int, int | None]] = {}
     seq = 1
     with tempfile.TemporaryDirectory() as d:
         ki = KeyIndex(Path(d) / "keys.sqlite")
-        default, keyindex.INSERT_PARAMS = keyindex.INSERT_PARAMS, params_per_statement
+        saved = keyindex.INSERT_PARAMS, keyindex.MERGE_MIN, keyindex.MERGE_SLICE, keyindex.MERGE_SCALE
+        keyindex.INSERT_PARAMS = params_per_statement
+        if merge is not None:
+            keyindex.MERGE_MIN, keyindex.MERGE_SLICE, keyindex.MERGE_SCALE = *merge, 0
         try:
             for op in ops:
                 if op[0] in ("put", "run"):
@@ -131,11 +143,20 @@ def test_the_written_index_is_what_the_operations_say_in_their_order(ops: list[t
                     model = {tk: v for tk, v in model.items() if v[2] is None or v[2] >= op[1]}
                 else:
                     ki.commit(seq)
+                    assert rows_of(ki) == sorted((t, k, *v) for (t, k), v in model.items())
+                    assert everything_of(ki, model) == model
             ki.commit(seq)
             assert rows_of(ki) == sorted((t, k, *v) for (t, k), v in model.items())
+            assert everything_of(ki, model) == model
         finally:
-            keyindex.INSERT_PARAMS = default
+            keyindex.INSERT_PARAMS, keyindex.MERGE_MIN, keyindex.MERGE_SLICE, keyindex.MERGE_SCALE = saved
             ki.close()
+
+
+def everything_of(ki: KeyIndex, model: dict[tuple[str, str], tuple[int, int, int | None]]) -> dict[tuple[str, str], tuple[int, int, int | None]]:
+    """What lookups answer for every pair of FEW (the model's shape), with no filter between."""
+    ki._filter = None  # (every key asked of the tables; the filter has its own tests)
+    return {(t, k): v for t in ("a", "b") for k, v in ki.lookup_many(t, ["k0", "k1", "k2"]).items()}
 
 
 def answers(ki: KeyIndex) -> dict[str, dict[str, tuple[int, int, int | None]]]:
@@ -450,3 +471,72 @@ def test_put_run_stores_any_key_as_put_many_does(tmp_path: Path, json_rows: bool
     finally:
         ref.close()
         run.close()
+
+
+@pytest.mark.parametrize("gone_by", ["release", "expire"])
+def test_a_pairs_older_row_in_keys_goes_with_its_newer_row_in_recent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                    gone_by: str) -> None:
+    """A pair put again while its older row is in `keys` (moved there from `recent`): lookups
+    answer the newer row, and once that row is released or expires the older one does not
+    answer in its place (with one table the newer row had replaced it)."""
+    monkeypatch.setattr(keyindex, "MERGE_MIN", 1)
+    monkeypatch.setattr(keyindex, "MERGE_SCALE", 0)
+    ki = KeyIndex(tmp_path / "keys.sqlite")
+    try:
+        ki.put_many([("t", "k", 1, 100)])
+        ki.commit(1)  # ... and moved into `keys` by the same checkpoint
+        assert [r[:3] for r in ki.writer.execute("SELECT topic, key, seq FROM keys")] == [("t", "k", 1)]
+        ki.put_many([("t", "k", 2, 200)])
+        ki.commit(2)  # `recent` holds one row, under MERGE_MIN... then moves too: stop that
+        ki.put_many([("t", "k", 3, 300)])
+        monkeypatch.setattr(keyindex, "MERGE_MIN", 10)
+        ki.commit(3)
+        assert [r[:3] for r in ki.writer.execute("SELECT topic, key, seq FROM recent")] == [("t", "k", 3)]
+        assert [r[:3] for r in ki.writer.execute("SELECT topic, key, seq FROM keys")] == [("t", "k", 2)]
+        assert ki.lookup("t", "k") == (3, 300, None)
+        if gone_by == "release":
+            ki.release("t", "k", 3)
+        else:
+            ki.delivered([(1000, "t", "k", 3)])
+            ki.expire(1001)
+        ki.commit(4)
+        ki._filter = None  # (asked of the tables, not the filter)
+        assert ki.lookup("t", "k") is None
+        assert rows_of(ki) == []
+    finally:
+        ki.close()
+
+
+def test_a_version_1_index_is_read_as_it_is_and_marked_version_2(tmp_path: Path) -> None:
+    """An index written before `recent` existed: its rows answer from `keys`, new rows go to
+    `recent`, and the file says version 2 from then on (so version 1 refuses it)."""
+    path = tmp_path / "keys.sqlite"
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE keys (topic TEXT NOT NULL, key TEXT NOT NULL, seq INTEGER NOT NULL, "
+               "deliver_at INTEGER NOT NULL, done_at INTEGER, PRIMARY KEY (topic, key)) WITHOUT ROWID")
+    db.execute("CREATE TABLE meta (name TEXT PRIMARY KEY, value INTEGER) WITHOUT ROWID")
+    db.execute("INSERT INTO keys VALUES ('t', 'old', 7, 70, NULL)")
+    db.execute("INSERT INTO meta VALUES ('commit_pos', 5)")
+    db.execute("PRAGMA user_version=1")
+    db.commit()
+    db.close()
+    ki = KeyIndex(path)
+    try:
+        assert keyindex.stored_version(path) == keyindex.KEYINDEX_VERSION == 2
+        assert ki.commit_pos == 5 and ki.count() == 1
+        ki.put_many([("t", "new", 8, 80)])
+        ki.commit(6)
+        assert list(ki.db.execute("SELECT key FROM recent")) == [("new",)]
+        assert ki.lookup_many("t", ["old", "new", "none"]) == {"old": (7, 70, None), "new": (8, 80, None)}
+    finally:
+        ki.close()
+    ki = KeyIndex(path)  # a filter built from both tables
+    try:
+        deadline = time.monotonic() + 10
+        while not ki.filter_ready:
+            assert time.monotonic() < deadline, "the key filter was never built"
+            time.sleep(0.01)
+        assert ki._filter is not None and ki._filter.maybe("t", ["old", "new"]) == ["old", "new"]
+        assert ki.lookup_many("t", ["old", "new", "none"]) == {"old": (7, 70, None), "new": (8, 80, None)}
+    finally:
+        ki.close()
