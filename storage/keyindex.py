@@ -32,8 +32,8 @@ the cost grows with the index. New rows go to `recent`; once it holds about
 sqrt(MERGE_SCALE x the rows of `keys`) rows (at least MERGE_MIN), checkpoints move it into `keys`
 a key range of MERGE_SLICE rows at a time, each range rewriting only its own part of `keys`.
 A row in `recent` is newer than a row of the same pair in `keys` (which it replaces when it
-moves): lookups read `recent` first; a release that deletes a row of `recent` also deletes the
-older rows of the pair in `keys`; a move replaces them.
+moves): lookups read both tables in one statement and take it; a release or an expiry that
+deletes a row of `recent` also deletes the pair's older row in `keys`; a move replaces it.
 
 Version history: 1 — original (`PRAGMA user_version`; `stored_version` reads it from the
 file header without opening the database, so a newer index is refused before anything is
@@ -292,8 +292,9 @@ SCAN_CHUNK = 4096
 TABLES = ("recent", "keys")  # the newer first
 # `recent` moves into `keys` once it holds max(MERGE_MIN, isqrt(MERGE_SCALE * rows of keys)) rows,
 # MERGE_SLICE rows (a key range) a checkpoint. A checkpoint of B random keys into `recent` of R
-# rows costs about R pages, a move of R rows into `keys` of K rows about K: per key R / 2B + K / R,
-# least near R = sqrt(2BK); MERGE_SCALE is 2B for B = 100,000 keys a checkpoint.
+# rows rewrites pages in proportion to R, a move of R rows into `keys` of K rows in proportion to
+# K: per key about R / 2B + K / R (R grows from 0), least near R = sqrt(2BK); MERGE_SCALE is 2B
+# for B = 100,000 keys a checkpoint.
 MERGE_MIN = 1 << 18
 MERGE_SCALE = 200_000
 MERGE_SLICE = 1 << 18
