@@ -288,6 +288,22 @@ def put_rows(db: sqlite3.Connection, rows: Iterable[tuple[str, str | None, int, 
     insert_rows(db, PUT, PUT_ROW, 4, rows)
 
 
+def delivery_order(rows: list[tuple[int, str, str, int]]) -> list[tuple[int, str, str, int]]:
+    """Delivered rows (done_at, topic, key, seq) in (topic, key) order, the primary key's (the
+    compiled `key_order` sorts them without holding the GIL): in the order messages come due their
+    keys are random, and their updates would touch a random page each; in key order they walk the
+    B-tree once (100,000 into 1M random keys: 40 % less CPU, BENCHMARKS.md). Each row updates only
+    its own message's row, so the order changes nothing else."""
+    if len(rows) < 2:
+        return rows
+    runs, flat = [], []
+    for topic, group in groupby(rows, itemgetter(1)):
+        part = list(group)
+        runs.append((topic, [r[2] for r in part]))
+        flat.extend(part)
+    return [flat[p] for p in array("Q", ops.key_order(runs))]
+
+
 SCAN_CHUNK = 4096
 TABLES = ("recent", "keys")  # the newer first
 # `recent` moves into `keys` once it holds max(MERGE_MIN, isqrt(MERGE_SCALE * rows of keys)) rows,
@@ -615,6 +631,7 @@ class KeyIndex:
                 else:
                     w.execute("DELETE FROM keys WHERE topic=? AND key=? AND seq=?", arg)
             elif kind == "delivered":
+                arg = delivery_order(arg)
                 for table in TABLES:
                     w.executemany(f"UPDATE {table} SET done_at=? WHERE topic=? AND key=? AND seq=?", arg)
             elif kind == "expire":  # (a pair's older row in `keys` goes with its row in `recent`)

@@ -540,3 +540,14 @@ def test_a_version_1_index_is_read_as_it_is_and_marked_version_2(tmp_path: Path)
         assert ki.lookup_many("t", ["old", "new", "none"]) == {"old": (7, 70, None), "new": (8, 80, None)}
     finally:
         ki.close()
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 9), st.sampled_from(["a", "b", "é"]), st.text(min_size=1, max_size=4),
+                          st.integers(1, 99)), max_size=30))
+def test_deliveries_are_written_in_key_order_every_one_of_them(rows: list[tuple[int, str, str, int]]) -> None:
+    """`delivery_order` keeps every row and puts them in the primary key's order (topic, then key,
+    as UTF-8 bytes: SQLite's BINARY collation); rows of one pair keep their order."""
+    got = keyindex.delivery_order(rows)
+    assert sorted(got) == sorted(rows)
+    assert got == sorted(rows, key=lambda r: (r[1].encode(), r[2].encode()))  # (a stable sort)
