@@ -429,14 +429,11 @@ class KeyIndex:
         version = self.db.execute("PRAGMA user_version").fetchone()[0]
         if version > KEYINDEX_VERSION:
             raise UnsupportedVersion(str(self.path), version, KEYINDEX_VERSION)
-        self.db.execute("CREATE TABLE IF NOT EXISTS keys (topic TEXT NOT NULL, key TEXT NOT NULL, "
-                        "seq INTEGER NOT NULL, deliver_at INTEGER NOT NULL, done_at INTEGER, "
-                        "PRIMARY KEY (topic, key)) WITHOUT ROWID")
-        self.db.execute("CREATE INDEX IF NOT EXISTS keys_done ON keys(done_at) WHERE done_at IS NOT NULL")
-        self.db.execute("CREATE TABLE IF NOT EXISTS recent (topic TEXT NOT NULL, key TEXT NOT NULL, "
-                        "seq INTEGER NOT NULL, deliver_at INTEGER NOT NULL, done_at INTEGER, "
-                        "PRIMARY KEY (topic, key)) WITHOUT ROWID")
-        self.db.execute("CREATE INDEX IF NOT EXISTS recent_done ON recent(done_at) WHERE done_at IS NOT NULL")
+        for table in TABLES:  # (the same columns and index each)
+            self.db.execute(f"CREATE TABLE IF NOT EXISTS {table} (topic TEXT NOT NULL, key TEXT NOT NULL, "
+                            "seq INTEGER NOT NULL, deliver_at INTEGER NOT NULL, done_at INTEGER, "
+                            "PRIMARY KEY (topic, key)) WITHOUT ROWID")
+            self.db.execute(f"CREATE INDEX IF NOT EXISTS {table}_done ON {table}(done_at) WHERE done_at IS NOT NULL")
         self.db.execute("CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER) WITHOUT ROWID")
         self.db.execute(f"PRAGMA user_version={KEYINDEX_VERSION}")
         self.db.commit()
