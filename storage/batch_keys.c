@@ -363,21 +363,107 @@ PyObject *overlay_find(PyObject *self, PyObject *args) {
  * copy of every list, and a str's UTF-8 bytes, once made, live as long as the str. */
 
 typedef struct {
-    const char *topic, *key;
-    Py_ssize_t topic_len, key_len;
+    const char *key;
+    Py_ssize_t key_len;
     uint64_t code;
 } KoKey;
+
+/* What the sort moves: a key's topic as its rank among the topics, the key's 8 bytes after the
+ * prefix every key shares (big-endian, 0-padded), and where its KoKey is. Two keys whose `prefix`
+ * differs are in that order: their first difference past the shared prefix is a byte of it, or
+ * one of them ends there (its padding is then the lower, and the shorter key sorts first). Only
+ * equal prefixes read the keys' bytes, which lie wherever each str was made: a sort that compared
+ * the bytes themselves (glibc's qsort of KoKeys, through pointers to them) waited on memory at
+ * every step (a million random keys: about three times the time, BENCHMARKS.md). */
+typedef struct {
+    uint64_t prefix;
+    uint32_t topic, at;
+} KoSort;
+
+static void ko_prefixes(const KoKey *k, KoSort *s, Py_ssize_t m) {
+    Py_ssize_t shared = m ? k[0].key_len : 0;
+    for (Py_ssize_t i = 1; i < m && shared; i++) {
+        Py_ssize_t n = k[i].key_len < shared ? k[i].key_len : shared, j = 0;
+        while (j < n && k[i].key[j] == k[0].key[j]) j++;
+        shared = j;
+    }
+    for (Py_ssize_t i = 0; i < m; i++) {
+        uint64_t v = 0;
+        for (Py_ssize_t j = shared; j < shared + 8; j++)
+            v = v << 8 | (j < k[i].key_len ? (uint8_t)k[i].key[j] : 0);
+        s[i].prefix = v;
+    }
+}
 
 static inline int ko_bytes(const char *a, Py_ssize_t an, const char *b, Py_ssize_t bn) {
     int c = memcmp(a, b, (size_t)(an < bn ? an : bn));
     return c ? c : (an > bn) - (an < bn);
 }
 
-static int ko_cmp(const void *pa, const void *pb) {
-    const KoKey *a = pa, *b = pb;
-    int c = a->topic == b->topic ? 0 : ko_bytes(a->topic, a->topic_len, b->topic, b->topic_len);
-    if (!c) c = ko_bytes(a->key, a->key_len, b->key, b->key_len);
-    return c ? c : (a->code > b->code) - (a->code < b->code);
+/* By topic, then key, then place (KoKeys are in place order). */
+static inline int ko_less(const KoSort *a, const KoSort *b, const KoKey *k) {
+    if (a->topic != b->topic) return a->topic < b->topic;
+    if (a->prefix != b->prefix) return a->prefix < b->prefix;
+    int c = ko_bytes(k[a->at].key, k[a->at].key_len, k[b->at].key, k[b->at].key_len);
+    return c ? c < 0 : a->at < b->at;
+}
+
+#define KO_RUN 16  /* insertion-sorted before the merges */
+
+/* Merge sort of s[0..m) by ko_less, `t` as big for the merges. */
+static void ko_sort(KoSort *s, KoSort *t, Py_ssize_t m, const KoKey *k) {
+    for (Py_ssize_t lo = 0; lo < m; lo += KO_RUN) {
+        Py_ssize_t hi = lo + KO_RUN < m ? lo + KO_RUN : m;
+        for (Py_ssize_t i = lo + 1; i < hi; i++) {
+            KoSort x = s[i];
+            Py_ssize_t j = i;
+            for (; j > lo && ko_less(&x, &s[j - 1], k); j--) s[j] = s[j - 1];
+            s[j] = x;
+        }
+    }
+    KoSort *from = s, *to = t;
+    for (Py_ssize_t w = KO_RUN; w < m; w *= 2) {
+        for (Py_ssize_t lo = 0; lo < m; lo += 2 * w) {
+            Py_ssize_t mid = lo + w < m ? lo + w : m, hi = lo + 2 * w < m ? lo + 2 * w : m;
+            Py_ssize_t i = lo, j = mid, o = lo;
+            while (i < mid && j < hi) to[o++] = ko_less(&from[j], &from[i], k) ? from[j++] : from[i++];
+            while (i < mid) to[o++] = from[i++];
+            while (j < hi) to[o++] = from[j++];
+        }
+        KoSort *x = from;
+        from = to;
+        to = x;
+    }
+    if (from != s) memcpy(s, from, (size_t)m * sizeof *s);
+}
+
+/* Each run's topic as its rank among the runs' topics (equal topics, one rank). 0, or -1 with
+ * an error set. */
+typedef struct { const char *topic; Py_ssize_t len, run; } KoTopic;
+
+static int ko_topic_cmp(const void *pa, const void *pb) {
+    const KoTopic *a = pa, *b = pb;
+    int c = ko_bytes(a->topic, a->len, b->topic, b->len);
+    return c ? c : (a->run > b->run) - (a->run < b->run);
+}
+
+static int ko_topic_ranks(PyObject *held, uint32_t *rank) {
+    Py_ssize_t nruns = PyList_GET_SIZE(held);
+    KoTopic *t = PyMem_Malloc(nruns ? (size_t)nruns * sizeof *t : 1);
+    if (!t) { PyErr_NoMemory(); return -1; }
+    for (Py_ssize_t r = 0; r < nruns; r++) {
+        t[r].topic = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(PyList_GET_ITEM(held, r), 0), &t[r].len);
+        if (!t[r].topic) { PyMem_Free(t); return -1; }
+        t[r].run = r;
+    }
+    qsort(t, (size_t)nruns, sizeof *t, ko_topic_cmp);
+    uint32_t at = 0;
+    for (Py_ssize_t i = 0; i < nruns; i++) {
+        if (i && ko_bytes(t[i].topic, t[i].len, t[i - 1].topic, t[i - 1].len)) at++;
+        rank[t[i].run] = at;
+    }
+    PyMem_Free(t);
+    return 0;
 }
 
 /* The shape key_order and key_rows_json take a run in (storage/keyindex.py check_run): a tuple
@@ -414,6 +500,8 @@ static int check_run(PyObject *run, Py_ssize_t r, int64_t *first) {
 PyObject *key_order(PyObject *self, PyObject *args) {
     PyObject *runs, *held = NULL, *out = NULL;
     KoKey *k = NULL;
+    KoSort *s = NULL;
+    uint32_t *rank = NULL;
     if (!PyArg_ParseTuple(args, "O", &runs)) return NULL;
     if (!PyList_Check(runs)) { PyErr_SetString(PyExc_TypeError, "runs: expected a list"); return NULL; }
     Py_ssize_t nruns = PyList_GET_SIZE(runs);
@@ -433,14 +521,18 @@ PyObject *key_order(PyObject *self, PyObject *args) {
         PyList_SET_ITEM(held, r, pair);
         n += len;
     }
+    if (n > (Py_ssize_t)UINT32_MAX || nruns > (Py_ssize_t)UINT32_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "more than 2**32 keys or runs");
+        goto done;
+    }
     k = PyMem_Malloc(n ? (size_t)n * sizeof *k : 1);
-    if (!k) { PyErr_NoMemory(); goto done; }
+    s = PyMem_Malloc(n ? (size_t)n * 2 * sizeof *s : 1);  /* and as many for the merges */
+    rank = PyMem_Malloc(nruns ? (size_t)nruns * sizeof *rank : 1);
+    if (!k || !s || !rank) { PyErr_NoMemory(); goto done; }
     Py_ssize_t m = 0, place = 0;
     for (Py_ssize_t r = 0; r < nruns; r++) {
         PyObject *pair = PyList_GET_ITEM(held, r), *keys = PyTuple_GET_ITEM(pair, 1);
-        Py_ssize_t topic_len;
-        const char *topic = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(pair, 0), &topic_len);
-        if (!topic) goto done;  /* not encodable (a lone surrogate): UnicodeEncodeError */
+        if (!PyUnicode_AsUTF8(PyTuple_GET_ITEM(pair, 0))) goto done;  /* a lone surrogate: UnicodeEncodeError */
         for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(keys); i++, place++) {
             PyObject *key = PyTuple_GET_ITEM(keys, i);
             if (key == Py_None) continue;
@@ -450,21 +542,26 @@ PyObject *key_order(PyObject *self, PyObject *args) {
             }
             k[m].key = PyUnicode_AsUTF8AndSize(key, &k[m].key_len);
             if (!k[m].key) goto done;
-            k[m].topic = topic;
-            k[m].topic_len = topic_len;
             k[m].code = (uint64_t)place;
+            s[m].topic = (uint32_t)r;  /* (its rank, below) */
+            s[m].at = (uint32_t)m;
             m++;
         }
     }
+    if (ko_topic_ranks(held, rank) < 0) goto done;  /* (every topic's UTF-8 is made: no error) */
+    for (Py_ssize_t i = 0; i < m; i++) s[i].topic = rank[s[i].topic];
     Py_BEGIN_ALLOW_THREADS
-    qsort(k, (size_t)m, sizeof *k, ko_cmp);
+    ko_prefixes(k, s, m);
+    ko_sort(s, s + m, m, k);
     Py_END_ALLOW_THREADS
     out = PyBytes_FromStringAndSize(NULL, m * 8);
     if (!out) goto done;
     uint8_t *o = (uint8_t *)PyBytes_AS_STRING(out);
-    for (Py_ssize_t i = 0; i < m; i++) memcpy(o + 8 * i, &k[i].code, 8);
+    for (Py_ssize_t i = 0; i < m; i++) memcpy(o + 8 * i, &k[s[i].at].code, 8);
 done:
     PyMem_Free(k);
+    PyMem_Free(s);
+    PyMem_Free(rank);
     Py_DECREF(held);
     return out;
 }
@@ -472,20 +569,19 @@ done:
 /* ------------------------------------------------------------------------------------------ */
 /* key_rows_json(runs, order, dues, limit): the rows the key index writes for put_runs, each run a
  * tuple (topic, keys, first_seq, ...), for the places `order` names (key_order's, or a stretch of
- * them), with `dues` (each key's due time as i64, laid end to end, None counted), as the JSON
- * text SQLite's json_each reads: a list of (topic, text) chunks of at most `limit` rows of one
- * topic, each `[[key,seq,deliver_at],...]` exactly as json.dumps writes it (compact, not
- * ASCII-escaped); and, as u64s, the places of keys holding a NUL, which SQLite's JSON functions
- * cut short (the caller binds those). Only the keys named are looked at, so a checkpoint's keys
- * can be written a stretch at a time. Specified by storage/keyindex.py's key_rows_json. The text
- * is written without the GIL. */
+ * them), with `dues` (each key's due time as i64, laid end to end, None counted), as the key
+ * index's PUT_JSON reads them: a list of (topic, keys, numbers) chunks of at most `limit` rows of
+ * one topic, `keys` the JSON array of the keys exactly as json.dumps writes it (compact, not
+ * ASCII-escaped), `numbers` each row's seq and deliver_at as KR_DIGITS ASCII digits each, zero
+ * padded (b"%020d"); and, as u64s, the places of keys holding a NUL, which SQLite's JSON
+ * functions cut short (the caller binds those). Only the keys named are looked at, so a
+ * checkpoint's keys can be written a stretch at a time. Specified by storage/keyindex.py's
+ * key_rows_json. The text and the digits are written without the GIL. */
 
 typedef struct {
-    PyObject *obj;  /* a reference held while the GIL is let go */
-    const char *key;
-    Py_ssize_t key_len, run;
-    int64_t seq;
-    uint64_t place;
+    size_t key, key_len, escaped;  /* the key's UTF-8 in the copy of them all; its length in JSON */
+    Py_ssize_t run;
+    int64_t seq, due;
 } KrRow;
 
 typedef struct {
@@ -532,16 +628,17 @@ static inline char *kr_escape(char *o, const char *s, Py_ssize_t n) {
     return o;
 }
 
-#define KR_INT_MAX 20  /* "-9223372036854775808" */
+#define KR_DIGITS 20  /* "-9223372036854775808" (storage/keyindex.py NUMBER_DIGITS) */
 
-static inline char *kr_int(char *o, int64_t v) {
-    char tmp[KR_INT_MAX];
-    int n = 0;
+/* `v` as b"%020d" writes it: a '-' first when negative, then zeros up to KR_DIGITS bytes. */
+static inline char *kr_digits(char *o, int64_t v) {
     uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
-    do { tmp[n++] = (char)('0' + u % 10); u /= 10; } while (u);
-    if (v < 0) *o++ = '-';
-    while (n) *o++ = tmp[--n];
-    return o;
+    for (int i = KR_DIGITS - 1; i >= 0; i--) {
+        o[i] = (char)('0' + u % 10);
+        u /= 10;
+    }
+    if (v < 0) o[0] = '-';  /* (the 20th digit of any i64 but INT64_MIN's is a zero) */
+    return o + KR_DIGITS;
 }
 
 static inline int kr_same_topic(const KrRun *a, const KrRun *b) {
@@ -559,12 +656,42 @@ static inline Py_ssize_t kr_run_of(const KrRun *rn, Py_ssize_t nruns, uint64_t p
     return lo;
 }
 
+#define KR_AHEAD 16
+
+/* key_rows_json's look-ahead, for row j of the order (none past its end): the row's run into
+ * `ahead` (-1: a place past the end), and its list slot and due time fetched; and the str in the
+ * slot of row j - KR_AHEAD / 2 (that slot has come by now): its header and first bytes. (One
+ * function that writes `ahead`: GCC drops the call of one that only fetches, as if it did nothing.) */
+static inline void kr_look_ahead(const KrRun *rn, Py_ssize_t nruns, PyObject *runs, const uint8_t *ob, Py_ssize_t norder,
+                                 Py_ssize_t n, const uint8_t *due, Py_ssize_t *ahead, Py_ssize_t j) {
+    if (j < norder) {
+        uint64_t p = rd64(ob + 8 * j);
+        Py_ssize_t r = p < (uint64_t)n ? kr_run_of(rn, nruns, p) : -1;
+        ahead[j % (2 * KR_AHEAD)] = r;
+        if (r >= 0) {
+            PyObject *keys = PyTuple_GET_ITEM(PyTuple_GET_ITEM(runs, r), 1);
+            Py_ssize_t i = (Py_ssize_t)p - rn[r].start;
+            if (i < PySequence_Fast_GET_SIZE(keys)) __builtin_prefetch(PySequence_Fast_ITEMS(keys) + i);
+            __builtin_prefetch(due + 8 * p);
+        }
+    }
+    j -= KR_AHEAD / 2;
+    if (j < 0 || j >= norder || ahead[j % (2 * KR_AHEAD)] < 0) return;
+    Py_ssize_t r = ahead[j % (2 * KR_AHEAD)], i = (Py_ssize_t)rd64(ob + 8 * j) - rn[r].start;
+    PyObject *keys = PyTuple_GET_ITEM(PyTuple_GET_ITEM(runs, r), 1);
+    if (i >= PySequence_Fast_GET_SIZE(keys)) return;
+    const char *key = (const char *)PySequence_Fast_GET_ITEM(keys, i);
+    __builtin_prefetch(key);
+    __builtin_prefetch(key + 64);
+}
+
 PyObject *key_rows_json(PyObject *self, PyObject *args) {
     PyObject *runs_o, *runs = NULL, *order_o, *dues_o, *limit_o, *out = NULL, *chunks = NULL, *rest = NULL;
     KrRow *rows = NULL;
     KrRun *rn = NULL;
     Py_ssize_t nrows = 0, *ends = NULL;
-    char *text = NULL;
+    char *text = NULL, *digits = NULL;
+    Out keys_utf8 = {0};
     Buf order = {.held = 0}, dues = {.held = 0};
     if (!PyArg_ParseTuple(args, "OOOO", &runs_o, &order_o, &dues_o, &limit_o)) return NULL;
     if (!PyLong_Check(limit_o)) { PyErr_SetString(PyExc_TypeError, "limit: expected an int"); return NULL; }
@@ -598,13 +725,22 @@ PyObject *key_rows_json(PyObject *self, PyObject *args) {
     rest = PyBytes_FromStringAndSize(NULL, norder * 8);  /* the places the caller binds (trimmed below) */
     if (!rows || !rest) { if (rest) PyErr_NoMemory(); goto done; }
     uint8_t *rb = (uint8_t *)PyBytes_AS_STRING(rest);
+    const uint8_t *due = dues.view.buf;
+    if (out_reserve(&keys_utf8, 1) < 0) goto done;  /* (a buffer even when every key is empty) */
+    /* In key order the places are random: each row's list slot, str and due time would be a
+     * wait on memory. The run of the row KR_AHEAD on is found now and its slot and due time
+     * fetched, the str of the row half as far on (its slot has come): a million keys, about
+     * half the time (BENCHMARKS.md). `ahead`: each coming row's run (-1: a place past the end). */
+    Py_ssize_t ahead[2 * KR_AHEAD];
+    for (Py_ssize_t j = 0; j < KR_AHEAD; j++) kr_look_ahead(rn, nruns, runs, ob, norder, n, due, ahead, j);
     for (Py_ssize_t j = 0; j < norder; j++) {
+        kr_look_ahead(rn, nruns, runs, ob, norder, n, due, ahead, j + KR_AHEAD);
         uint64_t p = rd64(ob + 8 * j);
         if (p >= (uint64_t)n) {
             PyErr_Format(PyExc_ValueError, "order: place %llu names no key", (unsigned long long)p);
             goto done;
         }
-        Py_ssize_t r = kr_run_of(rn, nruns, p), i = (Py_ssize_t)p - rn[r].start;
+        Py_ssize_t r = ahead[j % (2 * KR_AHEAD)], i = (Py_ssize_t)p - rn[r].start;
         PyObject *run = PyTuple_GET_ITEM(runs, r), *keys = PyTuple_GET_ITEM(run, 1);
         PyObject *key = i < PySequence_Fast_GET_SIZE(keys) ? PySequence_Fast_GET_ITEM(keys, i) : Py_None;
         if (key == Py_None) {
@@ -629,8 +765,11 @@ PyObject *key_rows_json(PyObject *self, PyObject *args) {
             wr64(rb + 8 * nrest++, p);
             continue;
         }
-        Py_INCREF(key);  /* its UTF-8 lives as long as it does; the run's list may change meanwhile */
-        rows[nrows++] = (KrRow){key, utf8, key_len, r, rn[r].first + (int64_t)i, p};
+        if (out_reserve(&keys_utf8, (size_t)key_len) < 0) goto done;  /* (read in order below, no str held) */
+        memcpy(keys_utf8.p + keys_utf8.n, utf8, (size_t)key_len);
+        rows[nrows++] = (KrRow){keys_utf8.n, (size_t)key_len, kr_escaped(utf8, key_len), r,
+                                rn[r].first + (int64_t)i, rdi64(due + 8 * p)};
+        keys_utf8.n += (size_t)key_len;
     }
     if (_PyBytes_Resize(&rest, nrest * 8) < 0) goto done;
     ends = PyMem_Malloc(((size_t)nrows + 1) * 2 * sizeof *ends);  /* per chunk: its rows' end, its text's end */
@@ -643,33 +782,32 @@ PyObject *key_rows_json(PyObject *self, PyObject *args) {
             start = j;
         }
     }
-    /* The text of every chunk, laid end to end, without the GIL: the strings are held, and the
-     * buffers are only read. */
-    const uint8_t *due = dues.view.buf;
+    /* The text and the digits of every chunk, each laid end to end, without the GIL: from the
+     * rows and the copy of the keys, which no other thread sees. */
     size_t size = 1;
     int nomem = 0;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t j = 0; j < nrows; j++)  /* ,["key",seq,due] and a chunk's [ ] */
-        size += 8 + kr_escaped(rows[j].key, rows[j].key_len) + 2 * KR_INT_MAX;
+    for (Py_ssize_t j = 0; j < nrows; j++) size += 5 + rows[j].escaped;  /* ,"key" and (at most one a row) [ ] */
     text = PyMem_RawMalloc(size);
-    if (!text) nomem = 1;
+    digits = PyMem_RawMalloc(nrows ? (size_t)nrows * 2 * KR_DIGITS : 1);
+    if (!text || !digits) nomem = 1;
     else {
-        char *o = text;
+        char *o = text, *d = digits;
         for (Py_ssize_t c = 0, j = 0; c < nchunks; c++) {
             *o++ = '[';
             for (Py_ssize_t start = j; j < ends[c]; j++) {
-                int64_t d;
-                memcpy(&d, due + 8 * rows[j].place, 8);
                 if (j > start) *o++ = ',';
-                *o++ = '[';
                 *o++ = '"';
-                o = kr_escape(o, rows[j].key, rows[j].key_len);
+                const char *key = (const char *)keys_utf8.p + rows[j].key;
+                if (rows[j].escaped == rows[j].key_len) {
+                    memcpy(o, key, rows[j].key_len);
+                    o += rows[j].key_len;
+                } else {
+                    o = kr_escape(o, key, (Py_ssize_t)rows[j].key_len);
+                }
                 *o++ = '"';
-                *o++ = ',';
-                o = kr_int(o, rows[j].seq);
-                *o++ = ',';
-                o = kr_int(o, d);
-                *o++ = ']';
+                d = kr_digits(d, rows[j].seq);
+                d = kr_digits(d, rows[j].due);
             }
             *o++ = ']';
             tends[c] = o - text;
@@ -680,21 +818,23 @@ PyObject *key_rows_json(PyObject *self, PyObject *args) {
     chunks = PyList_New(nchunks);
     if (!chunks) goto done;
     for (Py_ssize_t c = 0; c < nchunks; c++) {
-        Py_ssize_t at = c ? tends[c - 1] : 0;
+        Py_ssize_t at = c ? tends[c - 1] : 0, first = c ? ends[c - 1] : 0;
         PyObject *s = PyUnicode_DecodeUTF8(text + at, tends[c] - at, "strict");
-        if (!s) goto done;
-        PyObject *pair = PyTuple_Pack(2, rn[rows[c ? ends[c - 1] : 0].run].topic_obj, s);
-        Py_DECREF(s);
-        if (!pair) goto done;
-        PyList_SET_ITEM(chunks, c, pair);
+        PyObject *numbers = s ? PyBytes_FromStringAndSize(digits + 2 * KR_DIGITS * first, 2 * KR_DIGITS * (ends[c] - first)) : NULL;
+        PyObject *chunk = numbers ? PyTuple_Pack(3, rn[rows[first].run].topic_obj, s, numbers) : NULL;
+        Py_XDECREF(s);
+        Py_XDECREF(numbers);
+        if (!chunk) goto done;
+        PyList_SET_ITEM(chunks, c, chunk);
     }
     out = PyTuple_Pack(2, chunks, rest);
 done:
     buf_release(&order);
     buf_release(&dues);
     PyMem_RawFree(text);
+    PyMem_RawFree(digits);
     PyMem_Free(ends);
-    for (Py_ssize_t j = 0; j < nrows; j++) Py_DECREF(rows[j].obj);
+    out_free(&keys_utf8);
     PyMem_Free(rows);
     for (Py_ssize_t r = 0; rn && r < nruns; r++) Py_XDECREF(rn[r].topic_obj);
     PyMem_Free(rn);

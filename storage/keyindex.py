@@ -173,18 +173,21 @@ def check_run(r: int, run: Any, first_seq: bool) -> None:
             raise ValueError(f"run {r}: sequence numbers out of range")
 
 
-def key_rows_json(runs: list[tuple[Any, ...]], order: bytes, dues: Any, limit: int) -> tuple[list[tuple[str, str]], bytes]:
+def key_rows_json(runs: list[tuple[Any, ...]], order: bytes, dues: Any, limit: int) -> tuple[list[tuple[str, str, bytes]], bytes]:
     """The rows `apply` writes for consecutive put_runs, each run a tuple (topic, keys,
     first_seq, ...) whose message `first_seq + i` holds `keys[i]`, for the places `order` names
     (key_order's, or a stretch of them), with `dues` (each key's due time laid end to end as
-    i64, None counted), as the JSON text `PUT_JSON` reads with SQLite's json_each: chunks of at
-    most `limit` rows of one topic, each `[[key, seq, deliver_at], ...]` (json.dumps, compact, not
-    ASCII-escaped). A key holding a NUL is left out (SQLite's JSON functions cut a string at it)
-    and its place returned, as u64s, for `put_rows` to bind. Only the keys named are looked at,
-    so a checkpoint's keys can be written a stretch at a time. The reference of the compiled
-    `key_rows_json` (storage/batch_keys.c), which writes the text without holding the GIL: the
-    checkpoint's thread then holds it for a few microseconds a chunk instead of binding four
-    parameters a key, and the event loop does not wait for it (BENCHMARKS.md)."""
+    i64, None counted), as `PUT_JSON` reads them: chunks of at most `limit` rows of one topic,
+    each (topic, keys, numbers) where `keys` is the JSON array of the keys (json.dumps, compact,
+    not ASCII-escaped) that SQLite's json_each walks, and `numbers` the row's seq and deliver_at
+    in fixed-width decimal, NUMBER_DIGITS ASCII bytes each (b"%020d"), that row i finds at
+    2 x NUMBER_DIGITS x i with substr. A key holding a NUL is left out (SQLite's JSON functions
+    cut a string at it) and its place returned, as u64s, for `put_rows` to bind. Only the keys
+    named are looked at, so a checkpoint's keys can be written a stretch at a time. The
+    reference of the compiled `key_rows_json` (storage/batch_keys.c), which writes the text
+    without holding the GIL: the checkpoint's thread then holds it for a few microseconds a
+    chunk instead of binding four parameters a key, and the event loop does not wait for it
+    (BENCHMARKS.md)."""
     if not isinstance(limit, int):
         raise TypeError("limit: expected an int")
     if not isinstance(runs, list):
@@ -207,9 +210,10 @@ def key_rows_json(runs: list[tuple[Any, ...]], order: bytes, dues: Any, limit: i
     places.frombytes(view)
     if limit < 1:
         raise ValueError("limit: at least one row a chunk")
-    chunks: list[tuple[str, str]] = []
+    chunks: list[tuple[str, str, bytes]] = []
     rest: list[int] = []
-    rows: list[list[Any]] = []
+    rows: list[str] = []
+    numbers = bytearray()
     at_topic = ""
     for place in places:
         if place >= total:
@@ -228,12 +232,13 @@ def key_rows_json(runs: list[tuple[Any, ...]], order: bytes, dues: Any, limit: i
             rest.append(place)
             continue
         if rows and (topic != at_topic or len(rows) == limit):
-            chunks.append((at_topic, json.dumps(rows, separators=(",", ":"), ensure_ascii=False)))
-            rows = []
+            chunks.append((at_topic, json.dumps(rows, separators=(",", ":"), ensure_ascii=False), bytes(numbers)))
+            rows, numbers = [], bytearray()
         at_topic = topic
-        rows.append([key, first_seq + i, due_at[place]])
+        rows.append(key)
+        numbers += b"%020d%020d" % (first_seq + i, due_at[place])
     if rows:
-        chunks.append((at_topic, json.dumps(rows, separators=(",", ":"), ensure_ascii=False)))
+        chunks.append((at_topic, json.dumps(rows, separators=(",", ":"), ensure_ascii=False), bytes(numbers)))
     return chunks, array("Q", rest).tobytes()
 
 
@@ -266,19 +271,25 @@ def insert_rows(db: sqlite3.Connection, head: str, row: str, width: int, rows: I
         db.execute(_insert_sql(head, row, len(params) // width), params)
 
 
-# The same rows from the JSON text of `key_rows_json` ([[key, seq, deliver_at], ...] of one topic):
-# SQLite makes them in one step, with the GIL let go, where binding four parameters a row holds
-# it (json_each keeps the array's order, so a later row of a key still replaces an earlier one).
-PUT_JSON = ("INSERT OR REPLACE INTO recent (topic, key, seq, deliver_at, done_at) SELECT ?, "
-            "json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]'), NULL "
-            "FROM json_each(?)")
-JSON_ROWS = 8192  # rows a PUT_JSON statement (about 40 bytes of text a row)
+# The same rows from a chunk of `key_rows_json` (topic, keys, numbers): json_each walks the keys'
+# JSON array (`key` is an element's index, `value` its string) and each row's two numbers are cut
+# from fixed places of the ASCII digits (substr of a BLOB is by byte, no walk). SQLite makes the rows
+# in one step, with the GIL let go, where binding four parameters a row holds it; and where three
+# json_extract of a [key, seq, deliver_at] element parse it three times, this costs half the CPU a
+# key (BENCHMARKS.md). json_each keeps the array's order: a later row of a key still replaces an
+# earlier one.
+NUMBER_DIGITS = 20  # b"%020d": any i64, "-9223372036854775808" included
+PUT_JSON = ("INSERT OR REPLACE INTO recent (topic, key, seq, deliver_at, done_at) SELECT ?1, value, "
+            f"CAST(substr(?3, 1 + {2 * NUMBER_DIGITS} * key, {NUMBER_DIGITS}) AS INTEGER), "
+            f"CAST(substr(?3, {1 + NUMBER_DIGITS} + {2 * NUMBER_DIGITS} * key, {NUMBER_DIGITS}) AS INTEGER), "
+            "NULL FROM json_each(?2)")
+JSON_ROWS = 8192  # rows a PUT_JSON statement (a key's text and 40 bytes of digits a row)
 
 
 def has_json(db: sqlite3.Connection) -> bool:
-    """Whether this SQLite has the JSON functions (built in since 3.38, an extension before)."""
+    """Whether this SQLite has json_each (built in since 3.38, an extension before)."""
     try:
-        return db.execute("SELECT json_extract(value, '$[0]') FROM json_each('[[7]]')").fetchone() == (7,)
+        return db.execute("""SELECT key, value FROM json_each('["k"]')""").fetchone() == (0, "k")
     except sqlite3.OperationalError:
         return False
 
@@ -683,8 +694,8 @@ class KeyIndex:
             rest = []
             for i in range(0, len(order), 8 * JSON_ROWS):
                 chunks, nul = ops.key_rows_json(runs, order[i:i + 8 * JSON_ROWS], dues, JSON_ROWS)
-                for topic, text in chunks:
-                    self.writer.execute(PUT_JSON, (topic, text))
+                for chunk in chunks:
+                    self.writer.execute(PUT_JSON, chunk)
                 rest.append(nul)
             order = b"".join(rest)
             if not order:

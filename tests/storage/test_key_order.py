@@ -51,6 +51,20 @@ def test_compiled_order_matches_the_reference_and_sqlite(runs: list[tuple[str, A
             assert codes[j] < codes[j + 1]
 
 
+# Suffixes the compiled sort tells apart by their first 8 bytes past the prefix every key shares,
+# or not: ends within those 8, NULs where the padding is, equal first 8 and a difference after.
+SUFFIX = st.lists(st.sampled_from(["", "\x00", "a", "a\x00", "a\x00\x00", "ab", "é", "\x7f", "12345678", "123456789",
+                                   "12345678\x00", "123456780", "zzzzzzzz"]), max_size=4).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(shared=st.sampled_from(["", "k", "order-2026-11-", "\x00\x00", "é" * 5]),
+       runs=st.lists(st.tuples(TOPICS, st.lists(st.none() | SUFFIX, max_size=30), st.just(0)), max_size=4))
+def test_keys_sharing_a_prefix_sort_as_in_the_reference(shared: str, runs: list[tuple[str, Any, int]]) -> None:
+    runs = [(t, [None if k is None else shared + k for k in ks], n) for t, ks, n in runs]
+    assert c.key_order(runs) == ref.key_order(runs)
+
+
 @pytest.mark.parametrize("runs", [
     ("t", ["k"]),  # not a list
     [["t", ["k"]]],  # a run that is not a tuple
@@ -88,7 +102,8 @@ def test_compiled_rows_match_the_reference_and_sqlite_stores_them(runs: list[tup
     assert got == ref.key_rows_json(runs, order, dues, limit)
     chunks, rest = got
     flat = [(topic, k, first + i) for topic, keys, first in runs for i, k in enumerate(keys)]
-    assert all(1 <= len(json.loads(text)) <= limit for _, text in chunks)
+    assert all(1 <= len(json.loads(text)) <= limit and len(numbers) == 2 * ref.NUMBER_DIGITS * len(json.loads(text))
+               for _, text, numbers in chunks)
     # Written as apply writes them: the JSON chunks, then the rest bound; the same table as
     # every row bound in key order (a later row of a pair replacing an earlier one).
     tables = []
@@ -98,15 +113,15 @@ def test_compiled_rows_match_the_reference_and_sqlite_stores_them(runs: list[tup
                    "deliver_at INTEGER NOT NULL, done_at INTEGER, PRIMARY KEY (topic, key)) WITHOUT ROWID")
         places = array("Q", rest if via_json is True else order)
         if via_json is True:
-            for topic, text in chunks:
-                db.execute(ref.PUT_JSON, (topic, text))
+            for chunk in chunks:
+                db.execute(ref.PUT_JSON, chunk)
         elif via_json == "stretches":  # as `_put_runs` calls it: a stretch of the order at a time
             nul = []
             for i in range(0, len(order), 8 * stretch):
                 part = c.key_rows_json(runs, order[i:i + 8 * stretch], dues, limit)
                 assert part == ref.key_rows_json(runs, order[i:i + 8 * stretch], dues, limit)
-                for topic, text in part[0]:
-                    db.execute(ref.PUT_JSON, (topic, text))
+                for chunk in part[0]:
+                    db.execute(ref.PUT_JSON, chunk)
                 nul.append(part[1])
             places = array("Q", b"".join(nul))
         ref.put_rows(db, [(flat[p][0], flat[p][1], flat[p][2], dues[p]) for p in places])
@@ -158,4 +173,18 @@ def test_only_the_keys_named_are_looked_at() -> None:
     dues = array("q", [1, 2, 3, 4]).tobytes()
     order = array("Q", [0, 3]).tobytes()
     assert c.key_rows_json(runs, order, dues, 10) == ref.key_rows_json(runs, order, dues, 10) == (
-        [("t", '[["a",1,1],["b",4,4]]')], b"")
+        [("t", '["a","b"]', b"%020d%020d%020d%020d" % (1, 1, 4, 4))], b"")
+
+
+def test_the_ends_of_the_i64_range_are_read_back_by_sqlite() -> None:
+    """The fixed-width digits `PUT_JSON` cuts each row's numbers from: any i64, a '-' first."""
+    runs = [("t", ["a", "b", "c", "d"], 2**63 - 5)]
+    dues = array("q", [-(2**63), 2**63 - 1, -1, 0])
+    order = ref.key_order(runs)
+    got = c.key_rows_json(runs, order, dues, 10)
+    assert got == ref.key_rows_json(runs, order, dues, 10)
+    db = sqlite3.connect(":memory:")
+    db.execute("CREATE TABLE recent (topic TEXT, key TEXT, seq INTEGER, deliver_at INTEGER, done_at INTEGER)")
+    db.execute(ref.PUT_JSON, got[0][0])
+    assert db.execute("SELECT topic, key, seq, deliver_at, typeof(seq), typeof(deliver_at) FROM recent").fetchall() == [
+        ("t", k, 2**63 - 5 + i, dues[i], "integer", "integer") for i, k in enumerate("abcd")]
