@@ -105,6 +105,11 @@ typedef struct {
     uint32_t magic;
 } SlotState;
 
+/* Messages due at random times read a wheel slot each at a random place of the mapped wheel
+ * (2 days of 1 s slots: 5.5 MB), and that read was most of index_rows' time (perf: 87 % of it,
+ * batches of 1,000 due over 1-48 h); the slot of the row IR_AHEAD on is fetched ahead. */
+#define IR_AHEAD 16
+
 /* index_rows(rows, start, spans, wheel, header_size, precision, nslots, load_time,
  *            window_end, unsafe_from, tlog_pos, now_ms, max_units)
  *   -> (consumed, units, slots, late, counts, far)
@@ -158,6 +163,12 @@ PyObject *index_rows(PyObject *self, PyObject *args) {
     int64_t pos = tlog_pos;
     Py_ssize_t i = start, made = 0;
     for (; i < nrows && made < max_units; i++) {
+        if (i + IR_AHEAD < nrows) {  /* the wheel slot a row ahead will read, fetched now (below) */
+            const uint8_t *ahead = (const uint8_t *)rb.view.buf + (i + IR_AHEAD) * MROW;
+            int64_t due = rdi64(ahead + 8), fire = due < load_time ? load_time : due;
+            if (ahead[38] == REC_MESSAGE && due <= window_end)
+                __builtin_prefetch(wheel + header_size + fmod64(floordiv64(fire, precision), nslots) * SLOT_SIZE);
+        }
         const uint8_t *row = (const uint8_t *)rb.view.buf + i * MROW;
         uint8_t type = row[38];
         if (type == REC_GROUP) continue;
