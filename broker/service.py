@@ -139,6 +139,7 @@ class Broker:
         self.repl: Any = None
         self._tasks: list[asyncio.Task[None]] = []
         self._writing: asyncio.Future[None] | None = None  # a checkpoint being written in a thread
+        self._keys_waiting = asyncio.Event()  # half of max_unwritten_keys wait: checkpoint now
         self._t0 = time.monotonic()
 
     @property
@@ -310,13 +311,15 @@ class Broker:
         assert self.store and self.pipeline and self.groups
         loop = asyncio.get_running_loop()
         next_retention = time.monotonic() + self.cfg.retention_interval_ms / 1000
+        failed = False
         while True:
-            await asyncio.sleep(self.cfg.checkpoint_interval_ms / 1000)
+            await self._next_checkpoint(early=not failed)
             self.expire_keys()
             try:
                 pending = self.store.prepare_checkpoint(self.pipeline.inflight.read_time(), self.groups.snapshot())
             except OSError as e:  # no descriptor to dup: try again next round
                 log.error("checkpoint failed: %s: %s", type(e).__name__, e)
+                failed = True
                 continue
             try:
                 # The fsyncs take the disk's time, not the event loop's. Shielded: a stop
@@ -326,8 +329,10 @@ class Broker:
             except Exception as e:  # disk full, I/O error, SQLite error: try again next round
                 log.error("checkpoint failed: %s: %s", type(e).__name__, e)
                 self.store.checkpoint_failed(pending)
+                failed = True
                 continue
             self.store.checkpoint_saved(pending)
+            failed = False
             if time.monotonic() >= next_retention:
                 next_retention = time.monotonic() + self.cfg.retention_interval_ms / 1000
                 try:
@@ -337,6 +342,22 @@ class Broker:
                     continue
                 if any(gone.values()):
                     log.info("retention deleted segments: %s", gone)
+
+    async def _next_checkpoint(self, early: bool) -> None:
+        """Wait for the next checkpoint: checkpoint_interval_ms, or, with `early`, until half of
+        `max_unwritten_keys` keys wait to be written (`_key_room` says so): a keyed flood's keys are
+        then written before the produce is refused for them, not a whole interval later (a
+        sustained flood of random keys took 60-70 % more a second, BENCHMARKS.md). Not early
+        after a failed checkpoint: its retry waits the interval."""
+        interval = self.cfg.checkpoint_interval_ms / 1000
+        if not early:
+            await asyncio.sleep(interval)
+            return
+        try:
+            await asyncio.wait_for(self._keys_waiting.wait(), interval)
+        except TimeoutError:
+            pass
+        self._keys_waiting.clear()
 
     def failure(self) -> BaseException | None:
         if self.pipeline is not None and (e := self.pipeline.failed()) is not None:
@@ -480,6 +501,8 @@ class Broker:
         it has not written yet are held in memory (storage.keyindex `unwritten`)."""
         if store.keys.unwritten > self.cfg.max_unwritten_keys:
             raise errors.Backpressure("the key index is behind; retry shortly", retry_after_s=1)
+        if store.keys.unwritten > self.cfg.max_unwritten_keys // 2:
+            self._keys_waiting.set()  # (checkpoint now: _next_checkpoint)
 
     def _far_room(self, store: Store, last_due: int, now: int) -> None:
         """A produce holding a message due beyond the roll window is refused for now while the far
