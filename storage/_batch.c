@@ -30,6 +30,7 @@ static PyMethodDef methods[] = {
     {"encode_produce", encode_produce, METH_VARARGS, "validate and encode a produce batch"},
     {"encode_produce_raw", encode_produce_raw, METH_VARARGS, "validate and encode a msgpack produce body"},
     {"produced_rows", produced_rows, METH_VARARGS, "message-table entries and MessageRows of appended records"},
+    {"record_offsets", record_offsets, METH_VARARGS, "the offsets of records written back to back"},
     {"scan_rows", scan_rows, METH_VARARGS, "decode commit-log records into MessageRows"},
     {"scan_starts", scan_starts, METH_VARARGS, "commitlog.scan_buffer's loop"},
     {"index_rows", index_rows, METH_VARARGS, "enqueue-put for a batch of MessageRows"},

@@ -341,6 +341,7 @@ BATCH_HIDDEN int batch_produce_init(void);  /* interns the field names; 0, or -1
 BATCH_HIDDEN PyObject *encode_produce(PyObject *self, PyObject *args);
 BATCH_HIDDEN PyObject *encode_produce_raw(PyObject *self, PyObject *args);
 BATCH_HIDDEN PyObject *produced_rows(PyObject *self, PyObject *args);
+BATCH_HIDDEN PyObject *record_offsets(PyObject *self, PyObject *args);
 BATCH_HIDDEN PyObject *encode_produced(PyObject *self, PyObject *args);
 
 /* batch_timer.c: enqueue-get, enqueue-put, dequeue-get, dequeue-get-message */

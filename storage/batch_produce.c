@@ -467,6 +467,40 @@ done:
 /* ------------------------------------------------------------------------------------------ */
 /* message-table entries and rows for appended records                                         */
 
+/* record_offsets(sizes, start): the offset of each of records written back to back from `start`,
+ * their lengths given as u32s: i64s (an array('q')'s bytes). Specified by storage/commitlog.py's
+ * record_offsets; the prefix sum in Python cost produce 38 ns a message. */
+PyObject *record_offsets(PyObject *self, PyObject *args) {
+    PyObject *sizes_o, *start_o, *out = NULL;
+    if (!PyArg_ParseTuple(args, "OO", &sizes_o, &start_o)) return NULL;
+    Buf sb;
+    if (buf_get(sizes_o, &sb, 0, "sizes") < 0) return NULL;
+    if (sb.view.len % 4) { PyErr_SetString(PyExc_ValueError, "sizes: not a whole number of u32s"); goto done; }
+    if (!PyLong_Check(start_o)) { PyErr_SetString(PyExc_TypeError, "start: expected an int"); goto done; }
+    int overflow = 0;
+    long long start = PyLong_AsLongLongAndOverflow(start_o, &overflow);
+    if (start == -1 && PyErr_Occurred()) goto done;
+    Py_ssize_t n = sb.view.len / 4;
+    const uint8_t *s = sb.view.buf;
+    uint64_t total = 0;  /* (at most 2^32 a size: no wrap below 2^32 sizes) */
+    for (Py_ssize_t i = 0; i < n; i++) total += rd32(s + 4 * i);
+    if (overflow || start < 0 || total > (uint64_t)(INT64_MAX - start)) {
+        PyErr_SetString(PyExc_ValueError, "offsets out of range");
+        goto done;
+    }
+    out = PyBytes_FromStringAndSize(NULL, 8 * n);
+    if (!out) goto done;
+    uint8_t *o = (uint8_t *)PyBytes_AS_STRING(out);
+    int64_t pos = start;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        wri64(o + 8 * i, pos);
+        pos += (int64_t)rd32(s + 4 * i);
+    }
+done:
+    buf_release(&sb);
+    return out;
+}
+
 /* produced_rows(records, offsets, topic_hash) -> (entries, rows)
  * For records just appended (a buffer of whole records and each one's commit-log offset, i64):
  * the message-table entries (SCHEDULED, flags 0, roll 0, size, offset) and the MessageRows that

@@ -329,6 +329,30 @@ class BufferScan:
         return b"".join([buf[s:s + HEADER_SIZE] for s in self.starts])
 
 
+I64_MAX = (1 << 63) - 1
+
+
+def record_offsets(sizes: bytes, start: int) -> bytes:
+    """The offset of each of records written back to back from `start`, their lengths given as
+    u32s (`sizes`): i64s, an array('q')'s bytes. The reference of the compiled `record_offsets`
+    (storage/batch_produce.c): this prefix sum cost produce 38 ns a message."""
+    view = memoryview(sizes).cast("B")
+    if len(view) % 4:
+        raise ValueError("sizes: not a whole number of u32s")
+    if not isinstance(start, int):
+        raise TypeError("start: expected an int")
+    lens = array("I")
+    lens.frombytes(view)
+    if start < 0 or start + sum(lens) > I64_MAX:
+        raise ValueError("offsets out of range")
+    out = array("q", itertools.accumulate(lens, initial=start))
+    out.pop()
+    return out.tobytes()
+
+
+_offsets = getattr(native.compiled(), "record_offsets", record_offsets)
+
+
 def scan_buffer(buf: bytes, start: int = 0, *, verify: bool = True) -> BufferScan:
     """Every whole, valid record from `buf[start:]` up to the first that is not, in one call.
 
@@ -483,19 +507,18 @@ class CommitLog:
         """append() for records already packed back to back (`sizes`: each one's length, u32):
         one write when they fit the segment (the usual case), split between segments as append()
         does otherwise. Returns each record's offset ('q')."""
-        lens = array("I", sizes)
         total = len(data)
         if self.files.remaining() < total <= self.files.segment_bytes:
             self.files.roll()  # keep a batch in one write (and one segment): a crash leaves all or none
         if total > self.files.remaining():
             parts, p = [], 0
-            for n in lens:
+            for n in array("I", sizes):
                 parts.append(data[p:p + n])
                 p += n
             return array("q", self.append(parts))
         pos = self.files.append(data)
-        offsets = array("q", itertools.accumulate(lens, initial=pos))
-        offsets.pop()
+        offsets = array("q")
+        offsets.frombytes(_offsets(sizes, pos))
         return offsets
 
     def append_raw(self, offset: int, data: bytes) -> int:

@@ -19,13 +19,14 @@ import pytest
 from delayd.broker import codec, errors
 from delayd.broker.config import Config
 from delayd.storage import batch as ref
+from delayd.storage import commitlog
 from delayd.storage.commitlog import Record, RecordType, encode, encode_messages, release_body
 from delayd.storage.msgtable import ENTRY
 from delayd.storage.readyqueue import UNIT as READY
 from delayd.storage.timerlog import UNIT, UNIT_SIZE, UnitMagic
 from delayd.storage.timerwheel import HEADER as WHEEL_HEADER
 from delayd.storage.timerwheel import SLOT
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 c = pytest.importorskip("delayd.storage._batch", reason="the compiled batch core is built by pip install")
@@ -283,6 +284,24 @@ def test_produced_rows(data: Any) -> None:
     extra = data.draw(st.integers(0, 1))
     offs = struct.pack(f"<{len(offsets) + extra}q", *offsets, *([0] * extra))
     same(c.produced_rows, ref.produced_rows, buf[:cut] if data.draw(st.booleans()) else buf, offs, 12345)
+
+
+@SETTINGS
+@given(st.lists(st.integers(0, 2**32 - 1), max_size=20) | st.lists(st.integers(0, 300), max_size=20),
+       st.integers(-(2**64), 2**64) | st.integers(0, 2**40) | st.integers(2**63 - 2**36, 2**63 - 1),
+       st.sampled_from(["whole", "cut", "bytearray", "list", "float start"]))
+@example([5, 6], 2**63 - 12, "whole")  # the last record ends at the i64's end
+@example([5, 6], 2**63 - 10, "whole")  # ... and past it: out of range, though every offset fits
+@example([2**32 - 1] * 3, -1, "whole")
+def test_record_offsets(sizes: list[int], start: Any, form: str) -> None:
+    """The offsets of records written back to back (storage/commitlog.py record_offsets, the
+    reference): any u32 sizes, starts out of range, damaged arguments."""
+    raw: Any = struct.pack(f"<{len(sizes)}I", *sizes)
+    raw = {"whole": raw, "cut": raw[:-1], "bytearray": bytearray(raw), "list": sizes, "float start": raw}[form]
+    start = float(start) if form == "float start" else start
+    got = same(c.record_offsets, commitlog.record_offsets, raw, start)
+    if form == "whole" and got is not None:
+        assert list(struct.unpack(f"<{len(sizes)}q", got)) == [start + sum(sizes[:i]) for i in range(len(sizes))]
 
 
 # ---------------------------------------------------------------------------------- scan
