@@ -880,10 +880,18 @@ def take_rows(units: bytes, first_index: int, exclude: bytes, wanted: bytes | No
     return b"".join(rows), i, b"".join(skipped)
 
 
-def encode_produced(seqs: bytes, deliver_at: bytes, duplicate: bytes, prefix: bytes, as_json: bool) -> bytes | None:
+def encode_produced(seqs: bytes | int, deliver_at: bytes, duplicate: bytes, prefix: bytes, as_json: bool) -> bytes | None:
     """The answer of a produce, ``{"messages": [{"id", "deliver_at", "duplicate"}, ...]}``, as
     msgpack.packb or json.dumps(separators=(",", ":")) writes it; ids are prefix + seq in hex.
-    None for JSON with a prefix that is not plain ASCII (the caller encodes that itself)."""
+    `seqs`: each message's (u64), or an int, the first of consecutive seqs (a produce that stored
+    every message). None for JSON with a prefix that is not plain ASCII (the caller encodes that
+    itself)."""
+    if isinstance(seqs, int):
+        _need(0 <= seqs < 1 << 64, "seqs: out of range")
+        n = len(deliver_at) // 8
+        _need(len(deliver_at) == 8 * n and len(duplicate) == n, "seqs, deliver_at and duplicate must be of one length")
+        _need(seqs + max(n - 1, 0) < 1 << 64, "seqs: out of range")
+        seqs = struct.pack(f"<{n}Q", *range(seqs, seqs + n))
     n = len(seqs) // 8
     _need(len(seqs) % 8 == 0 and len(deliver_at) == 8 * n and len(duplicate) == n,
           "seqs, deliver_at and duplicate must be of one length")

@@ -567,11 +567,26 @@ PyObject *encode_produced(PyObject *self, PyObject *args) {
     Buf sb = {.held = 0}, db = {.held = 0}, ub = {.held = 0};
     Out o = {0};
     PyObject *res = NULL;
-    if (buf_get(seq_o, &sb, 0, "seqs") < 0 || buf_get(due_o, &db, 0, "deliver_at") < 0 || buf_get(dup_o, &ub, 0, "duplicate") < 0)
+    /* `seqs` an int: the first of consecutive seqs, one a due time */
+    int consecutive = PyLong_Check(seq_o);
+    unsigned long long first = consecutive ? PyLong_AsUnsignedLongLong(seq_o) : 0;
+    if (consecutive && first == (unsigned long long)-1 && PyErr_Occurred()) {
+        if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_ValueError, "seqs: out of range");
+        }
+        return NULL;
+    }
+    if ((!consecutive && buf_get(seq_o, &sb, 0, "seqs") < 0) || buf_get(due_o, &db, 0, "deliver_at") < 0 ||
+        buf_get(dup_o, &ub, 0, "duplicate") < 0)
         goto done;
-    Py_ssize_t n = sb.view.len / 8;
-    if (sb.view.len % 8 || db.view.len != n * 8 || ub.view.len != n) {
+    Py_ssize_t n = (consecutive ? db.view.len : sb.view.len) / 8;
+    if ((!consecutive && sb.view.len % 8) || db.view.len != n * 8 || ub.view.len != n) {
         PyErr_SetString(PyExc_ValueError, "seqs, deliver_at and duplicate must be of one length");
+        goto done;
+    }
+    if (consecutive && n && first > UINT64_MAX - (uint64_t)(n - 1)) {
+        PyErr_SetString(PyExc_ValueError, "seqs: out of range");
         goto done;
     }
     const char *prefix = PyBytes_AS_STRING(prefix_o);
@@ -598,7 +613,7 @@ PyObject *encode_produced(PyObject *self, PyObject *args) {
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         char hex[16];
-        size_t hl = hex_of(rd64((const uint8_t *)sb.view.buf + 8 * i), hex);
+        size_t hl = hex_of(consecutive ? (uint64_t)first + (uint64_t)i : rd64((const uint8_t *)sb.view.buf + 8 * i), hex);
         int64_t due = rdi64((const uint8_t *)db.view.buf + 8 * i);
         int dup = ((const uint8_t *)ub.view.buf)[i] != 0;
         uint8_t *q = out_take(&o, 80 + plen + hl);

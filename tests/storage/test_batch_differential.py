@@ -862,6 +862,18 @@ def test_encode_produced(items: list[tuple[int, int, bool]], prefix: bytes, as_j
 
 
 @SETTINGS
+@given(st.integers(-(2**65), 2**65) | st.integers(2**64 - 30, 2**64 + 2) | st.integers(0, 2**40), st.integers(0, 20),
+       st.integers(-1, 1), st.booleans())
+def test_encode_produced_of_consecutive_seqs(first: int, n: int, off: int, as_json: bool) -> None:
+    """`seqs` as the first of consecutive seqs: the same answer as the seqs themselves, any
+    first (out of range: the same error), lengths that do not agree."""
+    dues, dup = struct.pack(f"<{n}q", *range(n)), bytes(n)
+    got = same(c.encode_produced, ref.encode_produced, first, dues[:8 * max(n + off, 0)], dup, b"d-", as_json)
+    if got is not None and off == 0:
+        assert got == c.encode_produced(struct.pack(f"<{n}Q", *range(first, first + n)), dues, dup, b"d-", as_json)
+
+
+@SETTINGS
 @given(log_buffer(), st.integers(0, 40), st.booleans())
 def test_scan_starts_is_scan_buffer(buf: bytes, start: int, verify: bool) -> None:
     """commitlog.scan_buffer with the compiled loop against its Python reference."""
