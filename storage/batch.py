@@ -62,7 +62,7 @@ from typing import Any, Protocol
 import msgpack
 from delayd.storage import native
 from delayd.storage.commitlog import HEADER as RECORD
-from delayd.storage.commitlog import MAX_RECORD, RECORD_VERSION, RecordFlag, RecordType
+from delayd.storage.commitlog import I64_MAX, MAX_RECORD, RECORD_VERSION, RecordFlag, RecordType
 from delayd.storage.msgtable import ENTRY, MessageState
 from delayd.storage.readyqueue import UNIT as READY
 from delayd.storage.readyqueue import bounds_py
@@ -81,7 +81,6 @@ FLAG_SLOT, FLAG_FAR = 1, 2
 
 SCAN_OK, SCAN_TORN, SCAN_CORRUPT, SCAN_VERSION = 0, 1, 2, 3
 SCAN_READ = 1 << 20  # read_rows reads at most this much of the log at once
-I64_MAX = (1 << 63) - 1
 KIND_DROP, KIND_DUE, KIND_ROLL = 0, 1, 2
 _FIELDS = frozenset({"body", "body_b64", "delay_ms", "deliver_at", "key", "tag", "headers", "replace"})
 _CONTINUED = int(RecordFlag.CONTINUED)

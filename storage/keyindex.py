@@ -317,6 +317,13 @@ def delivery_order(rows: list[tuple[int, str, str, int]]) -> list[tuple[int, str
 
 SCAN_CHUNK = 4096
 TABLES = ("recent", "keys")  # the newer first
+
+
+def table_rows(db: sqlite3.Connection) -> list[int]:
+    """The rows of each of TABLES, in their order."""
+    return [int(db.execute(f"SELECT count(*) FROM {t}").fetchone()[0]) for t in TABLES]
+
+
 # `recent` moves into `keys` once it holds max(MERGE_MIN, isqrt(MERGE_SCALE * rows of keys)) rows,
 # MERGE_SLICE rows (a key range) a checkpoint. A checkpoint of B random keys into `recent` of R
 # rows rewrites pages in proportion to R, a move of R rows into `keys` of K rows in proportion to
@@ -366,7 +373,7 @@ class FilterBuild:
             return
         try:
             db.execute("BEGIN")
-            n = sum(db.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in TABLES)
+            n = sum(table_rows(db))
             f = KeyFilter(GROWTH * (n + sum(len(keys) for _, keys in self.recorded)))
             # A topic at a time: one-column rows cost half of what (topic, key) rows and grouping do.
             for table in TABLES:
@@ -620,7 +627,7 @@ class KeyIndex:
         writer connection; safe in a worker thread while the event loop keeps reading."""
         w = self.writer
         if self._rows is None:
-            self._rows = [int(w.execute(f"SELECT count(*) FROM {t}").fetchone()[0]) for t in TABLES]
+            self._rows = table_rows(w)
         rows = list(self._rows)  # (kept only once the transaction commits)
         runs: list[tuple[str, Sequence[str | None], int, Sequence[int]]] = []  # consecutive runs
         for kind, arg in ops:
@@ -726,7 +733,7 @@ class KeyIndex:
 
     def count(self) -> int:
         """Rows in both tables (a pair whose older row waits in `keys` for the move counts twice)."""
-        return sum(int(self.db.execute(f"SELECT count(*) FROM {t}").fetchone()[0]) for t in TABLES)
+        return sum(table_rows(self.db))
 
     def reset(self) -> None:
         if self._build is not None:
