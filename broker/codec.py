@@ -17,7 +17,7 @@ import msgpack
 from delayd.broker import errors
 from delayd.broker.config import Config
 from delayd.storage import commitlog
-from delayd.storage.batch import ALL_PULL_FIELDS, PULL_FIELDS
+from delayd.storage.batch_pull import ALL_PULL_FIELDS, PULL_FIELDS
 from delayd.storage.commitlog import Record
 from delayd.storage.store import NewMessage
 

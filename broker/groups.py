@@ -33,7 +33,7 @@ from typing import Any
 import msgpack
 from delayd.broker.pushconfig import PushConfig
 from delayd.storage import batch
-from delayd.storage.batch import PROW, PULL
+from delayd.storage.batch_pull import PROW, PULL
 from delayd.storage.readyqueue import UNIT_SIZE, ReadyUnit, tag_hash
 from delayd.storage.store import Store
 
@@ -174,7 +174,7 @@ class Delivery:
 
 @dataclass(slots=True)
 class Taken:
-    """What one take leased: PullRows (storage.batch.PULL: the ready unit, its index, attempt and
+    """What one take leased: PullRows (storage.batch_pull.PULL: the ready unit, its index, attempt and
     the number of its lease token in `tokens`), for the batch core to answer the pull with."""
     rows: bytes = b""
     tokens: list[str] = field(default_factory=list)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from delayd.storage.batch import PULL_FIELDS
+from delayd.storage.batch_pull import PULL_FIELDS
 
 from delayd import __version__
 

@@ -32,7 +32,7 @@ from delayd.broker.pipeline import GroupCommit, Pipeline
 from delayd.broker.push import Pusher, PushOutcome
 from delayd.broker.pushconfig import PushConfig
 from delayd.storage import batch
-from delayd.storage.batch import PROW
+from delayd.storage.batch_pull import PROW
 from delayd.storage.browse import Page, Query
 from delayd.storage.commitlog import Record
 from delayd.storage.datadir import DataDir

@@ -2,10 +2,13 @@
 
 Each function takes a batch and returns a batch, and comes twice: compiled in C
 (`storage/_batch.c` with the stage files `storage/batch_*.c`, module `delayd.storage._batch`, built
-by the project's own `pip install`) and here in Python. The Python version is the reference: it is the specification the C follows, and
-`tests/storage/test_batch_differential.py` checks with hypothesis that both give the same bytes
-for the same input, damaged input included. `ops` is the implementation in use: the compiled one,
-or this module when it is not built or `DELAYD_PURE=1` is set (storage.native decides).
+by the project's own `pip install`) and here in Python. The Python version is the reference: it
+is the specification the C follows, and `tests/storage/test_batch_differential.py` checks with
+hypothesis that both give the same bytes for the same input, damaged input included. The pull
+stage's references are in storage/batch_pull.py (imported here, so this module holds them all),
+what they share with these in storage/batch_common.py. `ops` is the implementation in use: the
+compiled one, or this module when it is not built or `DELAYD_PURE=1` is set (storage.native
+decides).
 
 Batches move between stages as rows of fixed size in one bytes object (no Python object per
 message). Their layouts (little-endian):
@@ -51,6 +54,7 @@ entries as the table's 16-byte entries, ready-queue units as the queue's 40-byte
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import struct
 import sys
@@ -61,8 +65,17 @@ from typing import Any, Protocol
 
 import msgpack
 from delayd.storage import native
+from delayd.storage.batch_common import SCAN_OK, check_record, require, utf8_or_none
+
+# The pull stage's references, here too so that `ops` has every batch function without the core:
+from delayd.storage.batch_pull import PROW
+from delayd.storage.batch_pull import encode_pull as encode_pull
+from delayd.storage.batch_pull import parse_receipts as parse_receipts
+from delayd.storage.batch_pull import parse_receipts_raw as parse_receipts_raw
+from delayd.storage.batch_pull import read_plan as read_plan
+from delayd.storage.batch_pull import take_rows as take_rows
 from delayd.storage.commitlog import HEADER as RECORD
-from delayd.storage.commitlog import I64_MAX, MAX_RECORD, RECORD_VERSION, RecordFlag, RecordType
+from delayd.storage.commitlog import MAX_RECORD, RECORD_VERSION, RecordFlag, RecordType
 from delayd.storage.msgtable import ENTRY, MessageState
 from delayd.storage.readyqueue import UNIT as READY
 from delayd.storage.readyqueue import bounds_py
@@ -79,7 +92,6 @@ ROW_KEYED = 1
 # message-table flags (storage.schedule.Placed): counted in the per-slot schedule, parked far
 FLAG_SLOT, FLAG_FAR = 1, 2
 
-SCAN_OK, SCAN_TORN, SCAN_CORRUPT, SCAN_VERSION = 0, 1, 2, 3
 SCAN_READ = 1 << 20  # read_rows reads at most this much of the log at once
 KIND_DROP, KIND_DUE, KIND_ROLL = 0, 1, 2
 _FIELDS = frozenset({"body", "body_b64", "delay_ms", "deliver_at", "key", "tag", "headers", "replace"})
@@ -99,13 +111,6 @@ class SpanLike(Protocol):
 
 
 # ------------------------------------------------------------------------------------ helpers
-def _utf8(s: str) -> bytes | None:
-    try:
-        return s.encode()
-    except UnicodeEncodeError:
-        return None
-
-
 def _span_entry(spans: Sequence[SpanLike], seq: int) -> tuple[SpanLike, int, bool] | None:
     lo, hi = 0, len(spans)
     while lo < hi:
@@ -136,11 +141,6 @@ def _i32(buf: Any) -> memoryview:
     return memoryview(buf).cast("B").cast("i")
 
 
-def _need(ok: bool, what: str) -> None:
-    if not ok:
-        raise ValueError(what)
-
-
 def _mp_str(s: bytes) -> int:
     n = len(s)
     return 1 + n if n < 32 else 2 + n if n < 256 else 3 + n if n < 65536 else 5 + n
@@ -158,7 +158,7 @@ def _parse_item(m: Any, now_ms: int, limits: tuple[int, ...]) -> tuple | None:
     if type(b) is bytes:
         body = b
     elif type(b) is str:
-        utf8 = _utf8(b)
+        utf8 = utf8_or_none(b)
         if utf8 is None:
             return None
         body = utf8
@@ -185,7 +185,7 @@ def _parse_item(m: Any, now_ms: int, limits: tuple[int, ...]) -> tuple | None:
     if key is not None:
         if type(key) is not str:
             return None
-        kb2 = _utf8(key)
+        kb2 = utf8_or_none(key)
         if kb2 is None or not 1 <= len(kb2) <= min(max_key_bytes, 65535):
             return None
         kb = kb2
@@ -194,7 +194,7 @@ def _parse_item(m: Any, now_ms: int, limits: tuple[int, ...]) -> tuple | None:
     if tag is not None:
         if type(tag) is not str or len(tag) > max_tag_chars:
             return None
-        tb2 = _utf8(tag)
+        tb2 = utf8_or_none(tag)
         if tb2 is None or len(tb2) > min(max_tag_bytes, 255):
             return None
         tb = tb2
@@ -208,7 +208,7 @@ def _parse_item(m: Any, now_ms: int, limits: tuple[int, ...]) -> tuple | None:
             for k, v in headers.items():
                 if type(k) is not str or type(v) is not str:
                     return None
-                k8, v8 = _utf8(k), _utf8(v)
+                k8, v8 = utf8_or_none(k), utf8_or_none(v)
                 if k8 is None or v8 is None:
                     return None
                 size += len(k8) + len(v8)
@@ -236,14 +236,14 @@ def encode_produce(items: list[Any], topic: bytes, now_ms: int, first_seq: int, 
     one; per item its replace flag or None when none asks for it. `limits`: max body bytes, max
     delay ms, max tag characters, max tag bytes, max key bytes, max headers, max header bytes.
     """
-    _need(1 <= len(topic) <= 255, "topic must be 1-255 bytes")
+    require(1 <= len(topic) <= 255, "topic must be 1-255 bytes")
     parsed = []
     for m in items:
         p = _parse_item(m, now_ms, limits)
         if p is None:
             return None
         parsed.append(p)
-    _need(select is None or len(select) % 4 == 0, "select must hold u32 indexes")
+    require(select is None or len(select) % 4 == 0, "select must hold u32 indexes")
     order = range(len(parsed)) if select is None else struct.unpack(f"<{len(select) // 4}I", select)
     for i in order:
         if i >= len(parsed):
@@ -302,7 +302,7 @@ def produced_rows(records: bytes, offsets: bytes, topic_hash: int) -> tuple[byte
     i64): their message-table entries (SCHEDULED, flags 0, roll 0, size, offset) and the
     MessageRows enqueue-put indexes — what a scan of the log would give, without reading it."""
     raw = memoryview(offsets).cast("B")  # bytes, or the array('q') CommitLog.append_packed returns
-    _need(len(raw) % 8 == 0, "offsets must be i64")
+    require(len(raw) % 8 == 0, "offsets must be i64")
     n = len(raw) // 8
     offs = struct.unpack(f"<{n}q", raw)
     entries, rows = [], []
@@ -328,24 +328,6 @@ def _tag_hash_bytes(tag: bytes) -> int:
 
 
 # ------------------------------------------------------------------------------------ scan
-def check_record(buf: bytes | memoryview, i: int, verify: bool) -> tuple[int, int]:
-    """(outcome, length) of the record at buf[i:], in commitlog.decode's order of checks."""
-    if len(buf) - i < RECORD.size:
-        return SCAN_TORN, 0
-    (length, crc, version, rtype, _f, _s, _d, _p, _r, tl, gl, kl, hl, bl) = RECORD.unpack_from(buf, i)
-    if length < RECORD.size or length > MAX_RECORD or length != RECORD.size + tl + gl + kl + hl + bl:
-        return SCAN_CORRUPT, 0
-    if len(buf) - i < length:
-        return SCAN_TORN, 0
-    if verify and zlib.crc32(memoryview(buf)[i + 8:i + length]) != crc:
-        return SCAN_CORRUPT, 0
-    if version != RECORD_VERSION:
-        return SCAN_VERSION, 0
-    if not _MESSAGE <= rtype <= _LAST:
-        return SCAN_CORRUPT, 0
-    return SCAN_OK, length
-
-
 def scan_rows(buf: bytes | memoryview, base: int, verify: bool, max_records: int) -> tuple[bytes, int, int]:
     """MessageRows of the whole records at the start of `buf` (which sits at commit-log offset
     `base`), until max_records, the end of the buffer, or a record that does not check out.
@@ -436,8 +418,8 @@ def index_rows(rows: bytes, start: int, spans: Sequence[SpanLike], wheel: Any, h
     schedule with add_counts (a batch that fails and is retried counts once). The spans' flag
     bytes are updated in place.
     """
-    _need(precision > 0 and nslots > 0, "bad wheel geometry")
-    _need(len(rows) % MROW == 0 and header_size >= 0 and len(wheel) >= header_size + nslots * SLOT.size,
+    require(precision > 0 and nslots > 0, "bad wheel geometry")
+    require(len(rows) % MROW == 0 and header_size >= 0 and len(wheel) >= header_size + nslots * SLOT.size,
           "rows or wheel have the wrong size")
     n = len(rows) // MROW
     if not 0 <= start <= n:
@@ -513,17 +495,17 @@ def add_counts(counts: Any, indexes: bytes) -> None:
     """counts[i] += 1 (i32) for every u32 slot index (index_rows' `counts`, once its units are on
     file). An index out of range is an error and nothing is added."""
     cnt = _i32(counts)
-    _need(len(indexes) % 4 == 0, "slot index out of range")
+    require(len(indexes) % 4 == 0, "slot index out of range")
     ix = struct.unpack(f"<{len(indexes) // 4}I", indexes)
-    _need(all(i < len(cnt) for i in ix), "slot index out of range")
+    require(all(i < len(cnt) for i in ix), "slot index out of range")
     for i in ix:
         cnt[i] += 1
 
 
 def put_slots(wheel: Any, header_size: int, precision: int, nslots: int, slots: bytes) -> None:
     """Write 32-byte wheel slots (as index_rows returns them) to their places in the wheel."""
-    _need(precision > 0 and nslots > 0, "bad wheel geometry")
-    _need(len(slots) % SLOT.size == 0 and len(wheel) >= header_size + nslots * SLOT.size,
+    require(precision > 0 and nslots > 0, "bad wheel geometry")
+    require(len(slots) % SLOT.size == 0 and len(wheel) >= header_size + nslots * SLOT.size,
           "slots or wheel have the wrong size")
     for k in range(len(slots) // SLOT.size):
         raw = slots[k * SLOT.size:(k + 1) * SLOT.size]
@@ -574,7 +556,7 @@ def classify(units: bytes, spans: Sequence[SpanLike]) -> tuple[bytes, bytes]:
     and whose table entry points at this unit's record (DEFAULT / ROLL unit), else KIND_DROP
     (cancelled, delivered, unknown, or a stale unit of a message that rolled since).
     `locations`: (offset i64, size u32) of the current record of every live unit, in order."""
-    _need(len(units) % UROW == 0, "units")
+    require(len(units) % UROW == 0, "units")
     kinds = bytearray(len(units) // UROW)
     locs = []
     for i in range(len(kinds)):
@@ -596,14 +578,14 @@ def dues(units: bytes, kinds: bytes, reads: list[tuple[int, bytes]], slot_time: 
     deliver_at, seq, offset and size from the record, the hashes of its topic and tag, the keyed
     bit, and `slot_time`. `problems`: (unit index, outcome) where the record is not in `reads`
     (0: the caller reads it itself) or does not check out (SCAN_TORN, SCAN_CORRUPT, SCAN_VERSION)."""
-    _need(len(units) % UROW == 0 and len(kinds) == len(units) // UROW, "units/kinds")
+    require(len(units) % UROW == 0 and len(kinds) == len(units) // UROW, "units/kinds")
     starts = [s for s, _ in reads]
     out, problems = [], []
     for i in range(len(units) // UROW):
         if kinds[i] != KIND_DUE:
             continue
         _s, _p, _m, _e, _d, off, size, _th, _seq = UNIT.unpack_from(units, i * UROW + 8)
-        j = _bisect_right(starts, off) - 1
+        j = bisect.bisect_right(starts, off) - 1
         need = max(size, RECORD.size)
         if j < 0 or off < reads[j][0] or off + need > reads[j][0] + len(reads[j][1]):
             problems.append((i, 0))
@@ -621,17 +603,6 @@ def dues(units: bytes, kinds: bytes, reads: list[tuple[int, bytes]], slot_time: 
     return b"".join(out), problems
 
 
-def _bisect_right(a: list[int], x: int) -> int:
-    lo, hi = 0, len(a)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if a[mid] <= x:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
-
-
 # ------------------------------------------------------------------------------------ dequeue-put
 class DueHeap:
     """DueRows ordered by (deliver_at, seq, then the row's bytes — a total order, so equal
@@ -641,7 +612,7 @@ class DueHeap:
         self._h: list[tuple[int, int, bytes]] = []
 
     def push(self, rows: bytes) -> None:
-        _need(len(rows) % DROW == 0, "dues")
+        require(len(rows) % DROW == 0, "dues")
         for k in range(len(rows) // DROW):
             row = rows[k * DROW:(k + 1) * DROW]
             deliver_at, seq = struct.unpack_from("<qQ", row)
@@ -666,7 +637,7 @@ def release_rows(rows: bytes, spans: Sequence[SpanLike], now_ms: int) -> dict[in
     (offset, size, tag_hash, deliver_at, released_at=now_ms, seq), u64 seqs, (offset i64, size u32)
     of the released ones that have a key). Nothing is marked: the caller appends each topic's
     units, then marks them delivered with set_states (and the keyed ones in the key index)."""
-    _need(len(rows) % DROW == 0, "dues")
+    require(len(rows) % DROW == 0, "dues")
     seen: set[int] = set()
     out: dict[int, tuple[list[bytes], list[bytes], list[bytes]]] = {}
     for k in range(len(rows) // DROW):
@@ -691,8 +662,8 @@ def release_rows(rows: bytes, spans: Sequence[SpanLike], now_ms: int) -> dict[in
 def set_states(seqs: bytes, spans: Sequence[SpanLike], state: int) -> int:
     """The entries of u64 `seqs` take `state`; returns how many were in no span (the caller
     writes those itself)."""
-    _need(0 <= state <= 255, "state")
-    _need(len(seqs) % 8 == 0, "seqs")
+    require(0 <= state <= 255, "state")
+    require(len(seqs) % 8 == 0, "seqs")
     missing = 0
     for (seq,) in struct.iter_unpack("<Q", seqs):
         hit = _span_entry(spans, seq)
@@ -705,180 +676,6 @@ def set_states(seqs: bytes, spans: Sequence[SpanLike], state: int) -> int:
     return missing
 
 
-# ------------------------------------------------------------------------------------ pull
-PULL = struct.Struct("<qIIqqQQII")  # the 40-byte ready unit, then index, attempt, token
-PROW = PULL.size
-assert PROW == 56
-MAX_HEADERS_ON_FILE = 64
-
-
-PULL_FIELDS = ("id", "receipt", "topic", "key", "tag", "headers", "body", "deliver_at", "delivered_at", "attempt")
-ALL_PULL_FIELDS = (1 << len(PULL_FIELDS)) - 1
-
-
-def encode_pull(rows: bytes, prefix: bytes, tokens: list[str], reads: list[tuple[int, bytes]],
-                fields: int = ALL_PULL_FIELDS) -> tuple[bytes, list[tuple[int, int]]]:
-    """The msgpack answer of a pull, ``{"messages": [...]}``, from PullRows (a 40-byte ready unit,
-    then its index u64, attempt u32 and the number of its lease token in `tokens` u32) and their
-    records in `reads` ((commit-log offset, bytes) sorted by offset): per message the API's
-    object — id (prefix + seq in hex), receipt (id.index-hex.token), topic, key, tag, headers,
-    body, deliver_at (the record's), delivered_at (the unit's release time), attempt; of those
-    only the ones whose bit (k for PULL_FIELDS[k]) is set in `fields`. A record not in `reads`, or
-    one that does not check out (CRC, version, UTF-8 of topic/tag/key, headers that are not
-    exactly msgpack.packb of a str→str dict of at most 64 entries) is left out and named in
-    `problems` as (row index, outcome): 0 not read, SCAN_TORN, SCAN_CORRUPT, SCAN_VERSION,
-    whichever fields are asked for."""
-    if not isinstance(fields, int):
-        raise TypeError("fields must be int")
-    _need(0 <= fields <= ALL_PULL_FIELDS, "fields")
-    _need(len(rows) % PROW == 0, "rows")
-    kept = [name for k, name in enumerate(PULL_FIELDS) if fields >> k & 1]
-    starts = [s for s, _ in reads]
-    out: list[dict[str, Any]] = []
-    problems = []
-    for i in range(len(rows) // PROW):
-        off, size, _tgh, _d, released_at, seq, index, attempt, token = PULL.unpack_from(rows, i * PROW)
-        if token >= len(tokens):
-            raise IndexError("token")
-        j = _bisect_right(starts, off) - 1
-        if j < 0 or off < reads[j][0] or off + max(size, RECORD.size) > reads[j][0] + len(reads[j][1]):
-            problems.append((i, 0))
-            continue
-        buf, at = reads[j][1], off - reads[j][0]
-        c, _length = check_record(buf, at, True)
-        if c != SCAN_OK:
-            problems.append((i, c))
-            continue
-        (_l, _c, _v, _t, _f, _seq, deliver_at, _pa, _r, tl, gl, kl, hl, bl) = RECORD.unpack_from(buf, at)
-        p = at + RECORD.size
-        raw = bytes(buf[p:p + tl + gl + kl + hl + bl])
-        try:
-            topic = raw[:tl].decode()
-            tag = raw[tl:tl + gl].decode() or None
-            key = raw[tl + gl:tl + gl + kl].decode() or None
-        except UnicodeDecodeError:
-            problems.append((i, SCAN_CORRUPT))
-            continue
-        hraw = raw[tl + gl + kl:tl + gl + kl + hl]
-        headers: dict[str, str] = {}
-        if hl:
-            try:
-                headers = msgpack.unpackb(hraw)
-            except (ValueError, TypeError, msgpack.UnpackException):
-                headers = None  # type: ignore[assignment]
-            if not isinstance(headers, dict) or len(headers) > MAX_HEADERS_ON_FILE or msgpack.packb(headers) != hraw \
-                    or not all(type(k) is str and type(v) is str for k, v in headers.items()):
-                problems.append((i, SCAN_CORRUPT))
-                continue
-        mid = prefix.decode() + format(seq, "x")
-        msg = {"id": mid, "receipt": f"{mid}.{index:x}.{tokens[token]}", "topic": topic, "key": key,
-               "tag": tag, "headers": headers, "body": raw[tl + gl + kl + hl:], "deliver_at": deliver_at,
-               "delivered_at": released_at, "attempt": attempt}
-        out.append({name: msg[name] for name in kept})
-    return msgpack.packb({"messages": out}, use_bin_type=True), problems
-
-
-def read_plan(rows: bytes, stride: int, bases: bytes, span: int, gap: int) -> bytes:
-    """The stretches of the commit log to read for the records located at the start of each row
-    ((offset i64, size u32), rows of `stride` bytes): (start, end) i64 pairs in offset order.
-    Records at most `gap` apart share a stretch of at most `span` bytes, and no stretch runs past
-    the first segment base (`bases`: ascending i64) after its start."""
-    _need(stride >= 12 and span >= 0 and gap >= 0, "stride/span/gap")
-    _need(len(rows) % stride == 0 and len(bases) % 8 == 0, "rows/bases")
-    bs = list(struct.unpack(f"<{len(bases) // 8}q", bases))
-    _need(bs == sorted(bs), "bases must ascend")
-    loc = struct.Struct(f"<qI{stride - 12}x")
-    locs = sorted((off, min(off + size, I64_MAX)) for off, size in loc.iter_unpack(rows))
-    out = []
-    i = seg = 0
-    while i < len(locs):
-        start, end = locs[i]
-        while seg < len(bs) and bs[seg] <= start:
-            seg += 1
-        limit = bs[seg] if seg < len(bs) else I64_MAX
-        k = i + 1
-        while k < len(locs) and locs[k][1] <= limit and locs[k][1] - start <= span and locs[k][0] - end <= gap:
-            end = max(end, locs[k][1])
-            k += 1
-        out.append(struct.pack("<qq", start, end))
-        i = k
-    return b"".join(out)
-
-
-def parse_receipts(receipts: list[Any]) -> tuple[bytes, bytes, list[str]]:
-    """(indexes u64, token ids u32, distinct tokens) of receipts `{id}.{index hex}.{token}`. A
-    receipt not in canonical form (lowercase hex without sign or leading zeros, up to 16 digits)
-    gets token id 0xFFFFFFFF: the caller's reference parser decides it."""
-    idx: list[int] = []
-    tid: list[int] = []
-    tokens: list[str] = []
-    seen: dict[str, int] = {}
-    for r in receipts:
-        parts = r.rsplit(".", 2) if type(r) is str else []
-        h = parts[1] if len(parts) == 3 else ""
-        if not (1 <= len(h) <= 16 and all(ch in "0123456789abcdef" for ch in h) and (len(h) == 1 or h[0] != "0")) \
-                or _utf8(r) is None:
-            idx.append(0)
-            tid.append(0xFFFFFFFF)
-            continue
-        k = seen.get(parts[2])
-        if k is None:
-            k = seen[parts[2]] = len(tokens)
-            tokens.append(parts[2])
-        idx.append(int(h, 16))
-        tid.append(k)
-    return struct.pack(f"<{len(idx)}Q", *idx), struct.pack(f"<{len(tid)}I", *tid), tokens
-
-
-def parse_receipts_raw(body: bytes | bytearray, max_n: int) -> tuple[bytes, bytes, list[str]] | None:
-    """parse_receipts of an ack's msgpack body as it arrived: a map of one entry, the str
-    "receipts", to an array of at most `max_n` str (UTF-8), nothing after it; None for any other
-    body (the caller decodes it and answers what is wrong with it)."""
-    u = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=max(len(body), 1))
-    u.feed(body)
-    try:
-        if u.read_map_header() != 1 or u.unpack() != "receipts":
-            return None
-        count = u.read_array_header()
-        if count > max_n:
-            return None
-        receipts = [u.unpack() for _ in range(count)]
-    except (msgpack.UnpackException, ValueError, TypeError):
-        return None
-    if any(type(r) is not str for r in receipts) or u.tell() != len(body):
-        return None
-    return parse_receipts(receipts)
-
-
-def take_rows(units: bytes, first_index: int, exclude: bytes, wanted: bytes | None, max_n: int, attempt: int,
-              token: int) -> tuple[bytes, int, bytes]:
-    """A consumer group handing out new messages from its cursor (Groups.take): the ready units
-    (40 bytes each) at indexes first_index.., skipping those in `exclude` (sorted u64 indexes,
-    acked or leased already) and, when `wanted` (u32 tag hashes) is given, those whose tag is not
-    wanted — their indexes come back in `skipped` (they count as consumed by the group); at most
-    max_n PullRows with `attempt` and `token`. Returns (rows, units examined, skipped)."""
-    _need(len(units) % READY.size == 0 and len(exclude) % 8 == 0 and (wanted is None or len(wanted) % 4 == 0),
-          "units, exclude or wanted have the wrong size")
-    ex = [x for (x,) in struct.iter_unpack("<Q", exclude)]
-    _need(ex == sorted(ex), "exclude must be sorted")
-    exs = set(ex)
-    want = None if wanted is None else {x for (x,) in struct.iter_unpack("<I", wanted)}
-    rows: list[bytes] = []
-    skipped: list[bytes] = []
-    i, n = 0, len(units) // READY.size
-    while i < n and len(rows) < max_n:
-        index = first_index + i
-        u = units[i * READY.size:(i + 1) * READY.size]
-        i += 1
-        if index in exs:
-            continue
-        if want is not None and READY.unpack(u)[2] not in want:
-            skipped.append(struct.pack("<Q", index))
-            continue
-        rows.append(u + struct.pack("<QII", index, attempt, token))
-    return b"".join(rows), i, b"".join(skipped)
-
-
 def encode_produced(seqs: bytes | int, deliver_at: bytes, duplicate: bytes, prefix: bytes, as_json: bool) -> bytes | None:
     """The answer of a produce, ``{"messages": [{"id", "deliver_at", "duplicate"}, ...]}``, as
     msgpack.packb or json.dumps(separators=(",", ":")) writes it; ids are prefix + seq in hex.
@@ -886,13 +683,13 @@ def encode_produced(seqs: bytes | int, deliver_at: bytes, duplicate: bytes, pref
     every message). None for JSON with a prefix that is not plain ASCII (the caller encodes that
     itself)."""
     if isinstance(seqs, int):
-        _need(0 <= seqs < 1 << 64, "seqs: out of range")
+        require(0 <= seqs < 1 << 64, "seqs: out of range")
         n = len(deliver_at) // 8
-        _need(len(deliver_at) == 8 * n and len(duplicate) == n, "seqs, deliver_at and duplicate must be of one length")
-        _need(seqs + max(n - 1, 0) < 1 << 64, "seqs: out of range")
+        require(len(deliver_at) == 8 * n and len(duplicate) == n, "seqs, deliver_at and duplicate must be of one length")
+        require(seqs + max(n - 1, 0) < 1 << 64, "seqs: out of range")
         seqs = struct.pack(f"<{n}Q", *range(seqs, seqs + n))
     n = len(seqs) // 8
-    _need(len(seqs) % 8 == 0 and len(deliver_at) == 8 * n and len(duplicate) == n,
+    require(len(seqs) % 8 == 0 and len(deliver_at) == 8 * n and len(duplicate) == n,
           "seqs, deliver_at and duplicate must be of one length")
     if as_json and any(b >= 0x80 or b < 0x20 or b in b'"\\' for b in prefix):
         return None
@@ -910,8 +707,8 @@ def encode_produced(seqs: bytes | int, deliver_at: bytes, duplicate: bytes, pref
 def lateness(rows: bytes, stride: int, at: int, now_ms: int) -> bytes:
     """now_ms minus the i64 due time `at` that offset of every row of `stride` bytes (i64 each):
     DueRows (DROW, 0) or ready-queue units (40, 16)."""
-    _need(stride >= 8 and 0 <= at and at + 8 <= stride, "stride/at")
-    _need(len(rows) % stride == 0, "rows")
+    require(stride >= 8 and 0 <= at and at + 8 <= stride, "stride/at")
+    require(len(rows) % stride == 0, "rows")
     n = len(rows) // stride
     return struct.pack(f"<{n}q", *(now_ms - struct.unpack_from("<q", rows, k * stride + at)[0] for k in range(n)))
 
@@ -920,39 +717,28 @@ def bucket_counts(values: bytes, bounds: bytes) -> tuple[list[int], int]:
     """How many i64 `values` fall in each bucket (value <= bounds[k], the first such k; the last
     count: past every bound, +Inf) and their sum: a Prometheus histogram's observations of a
     batch at once. `bounds`: ascending i64s."""
-    _need(len(values) % 8 == 0 and len(bounds) % 8 == 0, "values/bounds")
+    require(len(values) % 8 == 0 and len(bounds) % 8 == 0, "values/bounds")
     bs = list(struct.unpack(f"<{len(bounds) // 8}q", bounds))
-    _need(bs == sorted(bs), "bounds must ascend")
+    require(bs == sorted(bs), "bounds must ascend")
     counts = [0] * (len(bs) + 1)
     total = 0
     for (v,) in struct.iter_unpack("<q", values):
-        counts[_bisect_left(bs, v)] += 1
+        counts[bisect.bisect_left(bs, v)] += 1
         total += v
     return counts, total
-
-
-def _bisect_left(a: list[int], x: int) -> int:
-    lo, hi = 0, len(a)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if a[mid] < x:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
 
 
 def unit_bounds(units: bytes) -> tuple[int, int]:
     """(lowest commit offset, latest release time) of packed ready-queue units; (1 << 62, 0)
     for none (what ready-queue retention keeps per segment)."""
-    _need(len(units) % READY.size == 0, "units")
+    require(len(units) % READY.size == 0, "units")
     return bounds_py(units)
 
 
 def tally(rows: bytes, stride: int, at: int) -> dict[int, int]:
     """{value: count} of the i64 field `at` that offset in rows of `stride` bytes."""
-    _need(stride >= 8 and 0 <= at and at + 8 <= stride, "stride/at")
-    _need(len(rows) % stride == 0, "rows")
+    require(stride >= 8 and 0 <= at and at + 8 <= stride, "stride/at")
+    require(len(rows) % stride == 0, "rows")
     out: dict[int, int] = {}
     for k in range(len(rows) // stride):
         (v,) = struct.unpack_from("<q", rows, k * stride + at)
@@ -970,9 +756,9 @@ def seq_runs(seqs: bytes, segment_entries: int, gap: int, stride: int = 8, at: i
     neighbours are at most `gap` apart: (segment, first index, last index) per run
     (MessageTable.begin_runs reads each with one pread). `seqs` holds rows of `stride` bytes with
     the u64 seq `at` that offset in each (8, 0: plain u64s)."""
-    _need(segment_entries > 0, "segment_entries")
-    _need(stride >= 8 and 0 <= at and at + 8 <= stride, "stride/at")
-    _need(len(seqs) % stride == 0, "seqs")
+    require(segment_entries > 0, "segment_entries")
+    require(stride >= 8 and 0 <= at and at + 8 <= stride, "stride/at")
+    require(len(seqs) % stride == 0, "seqs")
     s = sorted(struct.unpack_from("<Q", seqs, k * stride + at)[0] for k in range(len(seqs) // stride))
     out = []
     i = 0

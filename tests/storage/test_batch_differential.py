@@ -19,7 +19,8 @@ import pytest
 from delayd.broker import codec, errors
 from delayd.broker.config import Config
 from delayd.storage import batch as ref
-from delayd.storage import commitlog
+from delayd.storage import batch_common, commitlog
+from delayd.storage import batch_pull as pull_ref
 from delayd.storage.commitlog import Record, RecordType, encode, encode_messages, release_body
 from delayd.storage.msgtable import ENTRY
 from delayd.storage.readyqueue import UNIT as READY
@@ -334,7 +335,7 @@ def test_scan_rows_stops_at_a_newer_version_not_as_damage() -> None:
     struct.pack_into("<I", rec, first + 4, zlib.crc32(rec[first + 8:]))  # ... with a correct CRC
     for impl in (c, ref):
         rows, consumed, outcome = impl.scan_rows(bytes(rec), 0, True, 10)
-        assert (len(rows) // ref.MROW, consumed, outcome) == (1, first, ref.SCAN_VERSION)
+        assert (len(rows) // ref.MROW, consumed, outcome) == (1, first, batch_common.SCAN_VERSION)
 
 
 # ---------------------------------------------------------------------------------- enqueue-put
@@ -601,14 +602,14 @@ def test_seq_runs(seqs: list[int], per: int, gap: int, layout: tuple[int, int]) 
 def test_read_plan(locs: list[tuple[int, int]], bases: list[int], span: int, gap: int, stride: int) -> None:
     rows = b"".join(struct.pack("<qI", o, s) + bytes(stride - 12) for o, s in locs)
     packed = struct.pack(f"<{len(bases)}q", *sorted(bases))
-    plan = same(c.read_plan, ref.read_plan, rows, stride, packed, span, gap)
+    plan = same(c.read_plan, pull_ref.read_plan, rows, stride, packed, span, gap)
     stretches = list(struct.iter_unpack("<qq", plan))
     for o, s in locs:  # every record lies wholly in one stretch
         assert any(a <= o and o + s <= b for a, b in stretches)
-    same(c.read_plan, ref.read_plan, rows, stride, packed[::-1] if len(set(bases)) > 1 else b"x", span, gap)
-    same(c.read_plan, ref.read_plan, rows + b"x", stride, packed, span, gap)
-    same(c.read_plan, ref.read_plan, rows, stride, struct.pack("<qq", 0, 2**63 - 1), 2**63 - 1, 2**63 - 1)
-    same(c.read_plan, ref.read_plan, struct.pack("<qI", 2**63 - 5, 2**32 - 1), 12, b"", 5, 5)
+    same(c.read_plan, pull_ref.read_plan, rows, stride, packed[::-1] if len(set(bases)) > 1 else b"x", span, gap)
+    same(c.read_plan, pull_ref.read_plan, rows + b"x", stride, packed, span, gap)
+    same(c.read_plan, pull_ref.read_plan, rows, stride, struct.pack("<qq", 0, 2**63 - 1), 2**63 - 1, 2**63 - 1)
+    same(c.read_plan, pull_ref.read_plan, struct.pack("<qI", 2**63 - 5, 2**32 - 1), 12, b"", 5, 5)
 
 
 @SETTINGS
@@ -626,10 +627,10 @@ def test_seq_runs_and_read_plan_of_many_rows(seed: int, n: int, spread: int) -> 
     locs = [(rnd.choice(offsets), rnd.randrange(0, 1 << 12)) for _ in range(n)]
     rows = b"".join(struct.pack("<qI", o, s) + bytes(44) for o, s in locs)
     bases = struct.pack("<3q", -spread // 2, 0, spread // 2)
-    same(c.read_plan, ref.read_plan, rows, 56, bases, rnd.randrange(1 << 16), rnd.randrange(1 << 10))
+    same(c.read_plan, pull_ref.read_plan, rows, 56, bases, rnd.randrange(1 << 16), rnd.randrange(1 << 10))
     # many records at one offset (a long run of tied keys, which the comparator sorts alone)
     rows = b"".join(struct.pack("<qI", offsets[0], rnd.randrange(1 << 12)) + bytes(44) for _ in range(n))
-    same(c.read_plan, ref.read_plan, rows, 56, bases, rnd.randrange(1 << 16), rnd.randrange(1 << 10))
+    same(c.read_plan, pull_ref.read_plan, rows, 56, bases, rnd.randrange(1 << 16), rnd.randrange(1 << 10))
 
 
 # ---------------------------------------------------------------------------------- garbage in
@@ -665,7 +666,7 @@ def test_scans_take_release_records() -> None:
     buf = b"".join(recs)
     for impl in (c, ref):
         rows, consumed, outcome = impl.scan_rows(buf, 0, True, 10)
-        assert (len(rows) // ref.MROW, consumed, outcome) == (len(recs), len(buf), ref.SCAN_OK)
+        assert (len(rows) // ref.MROW, consumed, outcome) == (len(recs), len(buf), batch_common.SCAN_OK)
         assert ref.MROW_FMT.unpack_from(rows, (len(recs) - 1) * ref.MROW)[7] == int(RecordType.RELEASE)
     from delayd.storage import commitlog
     scan = commitlog.scan_buffer(buf)
@@ -706,11 +707,11 @@ def pull_case(draw: Any) -> dict[str, Any]:
     rows = []
     for off, r in zip(offsets, recs, strict=True):
         seq = struct.unpack_from("<Q", r, 12)[0]
-        rows.append(ref.PULL.pack(off, len(r), 0, 0, draw(st.integers(-5, 2**50)), seq, draw(st.integers(0, 2**40)),
+        rows.append(pull_ref.PULL.pack(off, len(r), 0, 0, draw(st.integers(-5, 2**50)), seq, draw(st.integers(0, 2**40)),
                                   draw(st.integers(1, 2**32 - 1)), draw(st.integers(0, len(tokens) - 1))))
     reads = [(start, bytes(buf))] if draw(st.integers(0, 5)) else []
-    fields = draw(st.one_of(st.none(), st.integers(0, ref.ALL_PULL_FIELDS),
-                            st.sampled_from([-1, ref.ALL_PULL_FIELDS + 1, 2**64 + 1, 2**70, "body", 1.0, True])))
+    fields = draw(st.one_of(st.none(), st.integers(0, pull_ref.ALL_PULL_FIELDS),
+                            st.sampled_from([-1, pull_ref.ALL_PULL_FIELDS + 1, 2**64 + 1, 2**70, "body", 1.0, True])))
     return {"rows": b"".join(rows), "prefix": draw(st.sampled_from([b"d-", b"s12-"])), "tokens": tokens,
             "reads": reads, "fields": fields}
 
@@ -720,15 +721,15 @@ def pull_case(draw: Any) -> dict[str, Any]:
 def test_encode_pull(case: dict[str, Any]) -> None:
     args = (case["rows"], case["prefix"], case["tokens"], case["reads"])
     if case["fields"] is None:
-        got = same(c.encode_pull, ref.encode_pull, *args)
+        got = same(c.encode_pull, pull_ref.encode_pull, *args)
     else:
-        got = same(c.encode_pull, ref.encode_pull, *args, case["fields"])
+        got = same(c.encode_pull, pull_ref.encode_pull, *args, case["fields"])
     if got is not None:
         assert isinstance(msgpack.unpackb(got[0]), dict)
     if got is not None and case["fields"] is not None:  # a choice of fields leaves out the others, nothing more
         full, problems = c.encode_pull(*args)
         assert got[1] == problems
-        keep = [f for k, f in enumerate(ref.PULL_FIELDS) if case["fields"] >> k & 1]
+        keep = [f for k, f in enumerate(pull_ref.PULL_FIELDS) if case["fields"] >> k & 1]
         assert msgpack.unpackb(got[0]) == {"messages": [{f: m[f] for f in keep} for m in msgpack.unpackb(full)["messages"]]}
 
 
@@ -743,7 +744,7 @@ receipt = st.one_of(
 @SETTINGS
 @given(st.lists(receipt, max_size=8))
 def test_parse_receipts(receipts: list[Any]) -> None:
-    got = same(c.parse_receipts, ref.parse_receipts, receipts)
+    got = same(c.parse_receipts, pull_ref.parse_receipts, receipts)
     idx, tid, tokens = got
     for i, r in enumerate(receipts):  # what it decides, it decides as Groups.parse_receipt does
         if struct.unpack_from("<I", tid, 4 * i)[0] != 0xFFFFFFFF:
@@ -795,7 +796,7 @@ def test_parse_receipts_raw(receipts: list[str], map_form: int, array_form: int,
         body = msgpack.packb({key: [r.encode("utf-8", "surrogatepass") for r in receipts]}, use_bin_type=True)
     elif damage == "int":
         body = msgpack.packb({key: [*(r for r in receipts if "\ud800" not in r), 7]})
-    got = same(c.parse_receipts_raw, ref.parse_receipts_raw, bytearray(body), max_n)
+    got = same(c.parse_receipts_raw, pull_ref.parse_receipts_raw, bytearray(body), max_n)
     try:
         decoded = msgpack.unpackb(body, raw=False)
     except Exception:  # noqa: BLE001 - not msgpack: nothing to read in place
@@ -817,7 +818,7 @@ def test_parse_receipts_raw_reads_the_whole_body_or_nothing() -> None:
     when it ends where the array's last str ends, and only up to max_n receipts."""
     body = msgpack.packb({"receipts": ["d-1.1f.tok", "d-2.20.tok"]})
     read = c.parse_receipts(["d-1.1f.tok", "d-2.20.tok"])
-    for f in (c.parse_receipts_raw, ref.parse_receipts_raw):
+    for f in (c.parse_receipts_raw, pull_ref.parse_receipts_raw):
         assert f(body, 2) == read
         assert f(body + b"\x00", 2) is None, "a byte after the array"
         assert f(body[:-1], 2) is None, "the last str cut short"
@@ -847,7 +848,7 @@ def test_take_rows(units: list[tuple[int, int]], first: int, exclude: list[int],
     raw = b"".join(READY.pack(off, 10, data.draw(st.sampled_from(wanted or [0]) | st.integers(0, 3)), 5, 6, seq)
                    for seq, off in units)
     ex = sorted({first + e for e in exclude})
-    same(c.take_rows, ref.take_rows, raw, first, struct.pack(f"<{len(ex)}Q", *ex),
+    same(c.take_rows, pull_ref.take_rows, raw, first, struct.pack(f"<{len(ex)}Q", *ex),
          None if wanted is None else struct.pack(f"<{len(wanted)}I", *wanted), max_n, 1, 0)
 
 
