@@ -4,8 +4,9 @@
  * Every function here takes a whole batch and returns a whole batch: the per-message loops of
  * produce, enqueue-put, dequeue-get, dequeue-get-message and dequeue-put, out of Python. The
  * row layouts, the record and unit byte tables and the exact semantics are specified by the pure
- * Python reference in storage/batch.py; tests/storage/test_batch_differential.py checks, with
- * hypothesis, that both give the same bytes for the same input, damaged input included.
+ * Python reference in storage/batch.py (the pull's in storage/batch_pull.py);
+ * tests/storage/test_batch_differential.py checks, with hypothesis, that both give the same bytes
+ * for the same input, damaged input included.
  *
  * Rules kept throughout: every read is bounds-checked against the buffer it comes from (damaged
  * input is an error, never a crash or an out-of-bounds read); nothing here allocates per message

@@ -48,7 +48,7 @@
 #define MT_FLAG_SLOT 1
 #define MT_FLAG_FAR 2
 
-/* In-memory rows passed between stages (byte tables in storage/batch.py). */
+/* In-memory rows passed between stages (byte tables in storage/batch.py, PullRow's in storage/batch_pull.py). */
 #define MROW 40  /* MessageRow: seq, deliver_at, offset, size, topic_hash, tag_hash, roll, type, bits */
 #define DROW 48  /* DueRow: deliver_at, seq, offset, size, topic_hash, tag_hash, bits, slot_time */
 #define FAR_ROW 20  /* FarRow: deliver_at, seq, topic_hash (index_rows: a message parked far) */

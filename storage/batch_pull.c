@@ -1,6 +1,7 @@
 /*
  * pull in delayd.storage._batch: which stretches of the commit log to read, a consumer group's
- * new messages as PullRows, the msgpack answer of a pull, and the receipts of an ack.
+ * new messages as PullRows, the msgpack answer of a pull, and the receipts of an ack. The Python
+ * reference: storage/batch_pull.py.
  */
 #include "batch_core.h"
 

@@ -1,4 +1,4 @@
-"""The compiled batch core against its Python reference (storage/batch.py), byte for byte.
+"""The compiled batch core against its Python reference (storage/batch.py, storage/batch_pull.py), byte for byte.
 
 Every function of `delayd.storage._batch` gets the same inputs as its reference in
 `delayd.storage.batch` — valid batches, and damaged ones (flipped bytes, cut buffers, garbage) —
