@@ -9,11 +9,20 @@ the time this thread was kept off a CPU (wall time minus its own CPU: waiting fo
 machine with a core for each thread). The rounds alternate the two ways the index writes rows:
 JSON text read by SQLite's json_each (`KeyIndex.json_rows`, what it does where SQLite has the
 JSON functions) and four bound parameters a row (what it falls back to).
+
+    .venv/bin/python -m bench.keyindex_gil --rows [--batches 1000]
+
+`--rows`: only the compiled functions that make a checkpoint's JSON rows, `key_order` (with the
+keys' text) and `key_rows_json` a stretch of KeyIndex's JSON_ROWS keys at a time, for
+`--batches` runs of 1,000 random keys, in a thread beside a busy one (five rounds): the time the
+busy thread was kept off the GIL, counted from the gaps over 20 microseconds between its clock
+reads, and the functions' CPU, a key.
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import tempfile
 import threading
@@ -21,6 +30,7 @@ import time
 from array import array
 from pathlib import Path
 
+from delayd.storage import keyindex
 from delayd.storage.keyindex import KeyIndex
 
 BATCH = 1000
@@ -64,11 +74,51 @@ def write_beside_a_busy_thread(json_rows: bool, batches: int, tag: str) -> tuple
     return writer_cpu[0] / n * 1e6, (wall - cpu) / n * 1e6
 
 
+def rows_beside_a_busy_thread(batches: int) -> None:
+    """`--rows`: key_order and key_rows_json of `batches` runs, in a thread beside a busy one."""
+    rng = random.Random(1)
+    runs = [("bench", [f"order-{rng.randrange(10**9)}-{b}-{i}" for i in range(BATCH)], 1 + b * BATCH,
+             array("q", range(BATCH))) for b in range(batches)]
+    dues = array("q", [d for run in runs for d in run[3]])
+    n, stretch, ops = batches * BATCH, keyindex.JSON_ROWS, keyindex.ops
+    cpu = [0.0]
+
+    def write() -> None:
+        t = time.thread_time()
+        order, text, bounds = ops.key_order(runs, True)
+        for i in range(0, len(order), 8 * stretch):
+            ops.key_rows_json(runs, order[i:i + 8 * stretch], dues, stretch, text, bounds[i:i + 8 * stretch + 8])
+        cpu[0] = time.thread_time() - t
+
+    kept, used = [], []
+    for r in range(5):
+        thread = threading.Thread(target=write)
+        gaps = 0.0
+        clock = time.perf_counter
+        thread.start()
+        last = clock()
+        while thread.is_alive():
+            for _ in range(20):
+                now = clock()
+                if now - last > 20e-6:
+                    gaps += now - last
+                last = now
+        thread.join()
+        kept.append(gaps / n * 1e9)
+        used.append(cpu[0] / n * 1e9)
+        print(f"round {r + 1}: the busy thread kept off {kept[-1]:.0f} ns a key, the functions' CPU {used[-1]:.0f} ns a key")
+    print(f"median: kept off {statistics.median(kept):.0f} ns a key, CPU {statistics.median(used):.0f} ns a key ({n:,} keys)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batches", type=int, default=200, help="put_runs of 1,000 keys a write")
+    ap.add_argument("--rows", action="store_true", help="only key_order and key_rows_json, beside a busy thread")
     args = ap.parse_args()
+    if args.rows:
+        rows_beside_a_busy_thread(args.batches)
+        return
     got: dict[str, list[tuple[float, float]]] = {"json": [], "bound": []}
     for r in range(args.rounds):
         for way in got:

@@ -358,9 +358,11 @@ PyObject *overlay_find(PyObject *self, PyObject *args) {
  * (topic, keys, ...) with keys a list or tuple of str or None (no key): by topic, then key, in
  * UTF-8 byte order (SQLite's BINARY collation), keys of one pair in their given order; None left
  * out. Returns each key's place among all the runs' keys laid end to end (None counted), as u64
- * in the machine's byte order (an array('Q')). The sort runs without the GIL (a checkpoint's keys
- * take tens of milliseconds, which the event loop must not wait for): the strings are held by a
- * copy of every list, and a str's UTF-8 bytes, once made, live as long as the str. */
+ * in the machine's byte order (an array('Q')); with `text` true, (that order, the keys' UTF-8 laid
+ * end to end in that order, the n + 1 u64 bounds of the keys in it) for key_rows_json. The sort
+ * and the copy run without the GIL (a checkpoint's keys take tens of milliseconds, which the
+ * event loop must not wait for): the strings are held by a copy of every list, and a str's UTF-8
+ * bytes, once made, live as long as the str. */
 
 typedef struct {
     const char *key;
@@ -498,11 +500,12 @@ static int check_run(PyObject *run, Py_ssize_t r, int64_t *first) {
 }
 
 PyObject *key_order(PyObject *self, PyObject *args) {
-    PyObject *runs, *held = NULL, *out = NULL;
+    PyObject *runs, *held = NULL, *out = NULL, *text = NULL, *bounds = NULL;
     KoKey *k = NULL;
     KoSort *s = NULL;
     uint32_t *rank = NULL;
-    if (!PyArg_ParseTuple(args, "O", &runs)) return NULL;
+    int with_text = 0;
+    if (!PyArg_ParseTuple(args, "O|p", &runs, &with_text)) return NULL;
     if (!PyList_Check(runs)) { PyErr_SetString(PyExc_TypeError, "runs: expected a list"); return NULL; }
     Py_ssize_t nruns = PyList_GET_SIZE(runs);
     held = PyList_New(nruns);  /* (topic, a copy of keys) per run: `runs` may change meanwhile */
@@ -529,7 +532,7 @@ PyObject *key_order(PyObject *self, PyObject *args) {
     s = PyMem_Malloc(n ? (size_t)n * 2 * sizeof *s : 1);  /* and as many for the merges */
     rank = PyMem_Malloc(nruns ? (size_t)nruns * sizeof *rank : 1);
     if (!k || !s || !rank) { PyErr_NoMemory(); goto done; }
-    Py_ssize_t m = 0, place = 0;
+    Py_ssize_t m = 0, place = 0, text_len = 0;
     for (Py_ssize_t r = 0; r < nruns; r++) {
         PyObject *pair = PyList_GET_ITEM(held, r), *keys = PyTuple_GET_ITEM(pair, 1);
         if (!PyUnicode_AsUTF8(PyTuple_GET_ITEM(pair, 0))) goto done;  /* a lone surrogate: UnicodeEncodeError */
@@ -542,6 +545,7 @@ PyObject *key_order(PyObject *self, PyObject *args) {
             }
             k[m].key = PyUnicode_AsUTF8AndSize(key, &k[m].key_len);
             if (!k[m].key) goto done;
+            text_len += k[m].key_len;  /* (each str's UTF-8 is in memory: the sum fits) */
             k[m].code = (uint64_t)place;
             s[m].topic = (uint32_t)r;  /* (its rank, below) */
             s[m].at = (uint32_t)m;
@@ -550,50 +554,73 @@ PyObject *key_order(PyObject *self, PyObject *args) {
     }
     if (ko_topic_ranks(held, rank) < 0) goto done;  /* (every topic's UTF-8 is made: no error) */
     for (Py_ssize_t i = 0; i < m; i++) s[i].topic = rank[s[i].topic];
+    if (with_text) {  /* (made now, filled without the GIL: nothing else sees them yet) */
+        text = PyBytes_FromStringAndSize(NULL, text_len);
+        bounds = PyBytes_FromStringAndSize(NULL, (m + 1) * 8);
+        if (!text || !bounds) goto done;
+    }
     Py_BEGIN_ALLOW_THREADS
     ko_prefixes(k, s, m);
     ko_sort(s, s + m, m, k);
+    if (with_text) {  /* the keys' UTF-8 in key order, from the strs `held` keeps */
+        char *t = PyBytes_AS_STRING(text);
+        uint8_t *b = (uint8_t *)PyBytes_AS_STRING(bounds);
+        uint64_t at = 0;
+        wr64(b, 0);
+        for (Py_ssize_t i = 0; i < m; i++) {
+            const KoKey *key = &k[s[i].at];
+            memcpy(t + at, key->key, (size_t)key->key_len);
+            at += (uint64_t)key->key_len;
+            wr64(b + 8 * (i + 1), at);
+        }
+    }
     Py_END_ALLOW_THREADS
-    out = PyBytes_FromStringAndSize(NULL, m * 8);
-    if (!out) goto done;
-    uint8_t *o = (uint8_t *)PyBytes_AS_STRING(out);
+    PyObject *order = PyBytes_FromStringAndSize(NULL, m * 8);
+    if (!order) goto done;
+    uint8_t *o = (uint8_t *)PyBytes_AS_STRING(order);
     for (Py_ssize_t i = 0; i < m; i++) memcpy(o + 8 * i, &k[s[i].at].code, 8);
+    out = with_text ? PyTuple_Pack(3, order, text, bounds) : order;
+    if (with_text) Py_DECREF(order);
 done:
     PyMem_Free(k);
     PyMem_Free(s);
     PyMem_Free(rank);
+    Py_XDECREF(text);
+    Py_XDECREF(bounds);
     Py_DECREF(held);
     return out;
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* key_rows_json(runs, order, dues, limit): the rows the key index writes for put_runs, each run a
- * tuple (topic, keys, first_seq, ...), for the places `order` names (key_order's, or a stretch of
- * them), with `dues` (each key's due time as i64, laid end to end, None counted), as the key
- * index's PUT_JSON reads them: a list of (topic, keys, numbers) chunks of at most `limit` rows of
- * one topic, `keys` the JSON array of the keys exactly as json.dumps writes it (compact, not
- * ASCII-escaped), `numbers` each row's seq and deliver_at as KR_DIGITS ASCII digits each, zero
- * padded (b"%020d"); and, as u64s, the places of keys holding a NUL, which SQLite's JSON
- * functions cut short (the caller binds those). Only the keys named are looked at, so a
- * checkpoint's keys can be written a stretch at a time. Specified by storage/keyindex.py's
- * key_rows_json. The text and the digits are written without the GIL. */
+/* key_rows_json(runs, order, dues, limit, text, bounds): the rows the key index writes for
+ * put_runs, each run a tuple (topic, keys, first_seq, ...), for the places `order` names
+ * (key_order's, or a stretch of them), whose keys' UTF-8 is in `text` as `bounds` says (key_order's
+ * with `text`, cut to the same stretch: the key of row j is text[bounds[j]:bounds[j + 1]], one u64
+ * more than `order` holds), with `dues` (each key's due time as i64, laid end to end, None
+ * counted), as the key index's PUT_JSON reads them: a list of (topic, keys, numbers) chunks of at
+ * most `limit` rows of one topic, `keys` the JSON array of the keys exactly as json.dumps writes
+ * it (compact, not ASCII-escaped), `numbers` each row's seq and deliver_at as KR_DIGITS ASCII
+ * digits each, zero padded (b"%020d"); and, as u64s, the places of keys holding a NUL, which
+ * SQLite's JSON functions cut short (the caller binds those). Of the runs only the topics, first
+ * seqs and sizes are read, never a key's str: every row is made without the GIL, which the
+ * checkpoint's thread then holds for the runs and the result only. Specified by
+ * storage/keyindex.py's key_rows_json. */
 
 typedef struct {
-    size_t key, key_len, escaped;  /* the key's UTF-8 in the copy of them all; its length in JSON */
+    uint64_t key, key_len, escaped;  /* the key's UTF-8 in `text`; its length in JSON */
     Py_ssize_t run;
     int64_t seq, due;
 } KrRow;
 
 typedef struct {
-    PyObject *topic_obj;  /* held once a row of the run needs it (NULL until then) */
-    const char *topic;
+    const char *topic;  /* UTF-8, as long as the runs are held */
     Py_ssize_t topic_len, start;
     int64_t first;
 } KrRun;
 
-static inline size_t kr_escaped(const char *s, Py_ssize_t n) {
+static inline size_t kr_escaped(const char *s, uint64_t n) {
     size_t m = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
+    for (uint64_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
         if (c == '"' || c == '\\' || c == '\b' || c == '\f' || c == '\n' || c == '\r' || c == '\t') m += 2;
         else if (c < 0x20) m += 6;
@@ -602,9 +629,9 @@ static inline size_t kr_escaped(const char *s, Py_ssize_t n) {
     return m;
 }
 
-static inline char *kr_escape(char *o, const char *s, Py_ssize_t n) {
+static inline char *kr_escape(char *o, const char *s, uint64_t n) {
     static const char hex[] = "0123456789abcdef";
-    for (Py_ssize_t i = 0; i < n; i++) {
+    for (uint64_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
         switch (c) {
         case '"': *o++ = '\\'; *o++ = '"'; break;
@@ -656,55 +683,103 @@ static inline Py_ssize_t kr_run_of(const KrRun *rn, Py_ssize_t nruns, uint64_t p
     return lo;
 }
 
+/* The due time of the row KR_AHEAD on is fetched ahead: in key order the places are random. */
 #define KR_AHEAD 16
 
-/* key_rows_json's look-ahead, for row j of the order (none past its end): the row's run into
- * `ahead` (-1: a place past the end), and its list slot and due time fetched; and the str in the
- * slot of row j - KR_AHEAD / 2 (that slot has come by now): its header and first bytes. (One
- * function that writes `ahead`: GCC drops the call of one that only fetches, as if it did nothing.) */
-static inline void kr_look_ahead(const KrRun *rn, Py_ssize_t nruns, PyObject *runs, const uint8_t *ob, Py_ssize_t norder,
-                                 Py_ssize_t n, const uint8_t *due, Py_ssize_t *ahead, Py_ssize_t j) {
-    if (j < norder) {
-        uint64_t p = rd64(ob + 8 * j);
-        Py_ssize_t r = p < (uint64_t)n ? kr_run_of(rn, nruns, p) : -1;
-        ahead[j % (2 * KR_AHEAD)] = r;
-        if (r >= 0) {
-            PyObject *keys = PyTuple_GET_ITEM(PyTuple_GET_ITEM(runs, r), 1);
-            Py_ssize_t i = (Py_ssize_t)p - rn[r].start;
-            if (i < PySequence_Fast_GET_SIZE(keys)) __builtin_prefetch(PySequence_Fast_ITEMS(keys) + i);
-            __builtin_prefetch(due + 8 * p);
+/* What key_rows_json does without the GIL: the rows, then the chunks' text and digits. */
+typedef struct {
+    const KrRun *rn;
+    Py_ssize_t nruns, n, norder;
+    const uint8_t *order, *bounds, *due;
+    const char *text;
+    uint64_t text_len;
+    long long limit;
+    KrRow *rows;
+    uint8_t *rest;
+    Py_ssize_t nrows, nrest, nchunks, *ends;  /* ends: per chunk its rows' end, then its text's end */
+    char *json, *digits;
+    int bad;  /* 1: a place names no key (`bad_at` the place), 2: bounds out of order or past the text (row) */
+    uint64_t bad_at;
+    int nomem;
+} KrWork;
+
+static void kr_rows(KrWork *w) {
+    const uint8_t *ob = w->order, *bb = w->bounds;
+    for (Py_ssize_t j = 0; j < w->norder; j++) {
+        if (j + KR_AHEAD < w->norder) {
+            uint64_t q = rd64(ob + 8 * (j + KR_AHEAD));
+            if (q < (uint64_t)w->n) __builtin_prefetch(w->due + 8 * q);
+        }
+        uint64_t p = rd64(ob + 8 * j), at = rd64(bb + 8 * j), end = rd64(bb + 8 * (j + 1));
+        if (p >= (uint64_t)w->n) { w->bad = 1; w->bad_at = p; return; }
+        if (at > end || end > w->text_len) { w->bad = 2; w->bad_at = (uint64_t)j; return; }
+        const char *key = w->text + at;
+        if (memchr(key, 0, end - at)) {
+            wr64(w->rest + 8 * w->nrest++, p);
+            continue;
+        }
+        Py_ssize_t r = kr_run_of(w->rn, w->nruns, p);
+        w->rows[w->nrows++] = (KrRow){at, end - at, kr_escaped(key, end - at), r,
+                                      w->rn[r].first + (int64_t)(p - (uint64_t)w->rn[r].start), rdi64(w->due + 8 * p)};
+    }
+}
+
+static void kr_text(KrWork *w) {
+    const KrRow *rows = w->rows;
+    Py_ssize_t nrows = w->nrows, *ends = w->ends, *tends = ends + nrows + 1;
+    for (Py_ssize_t j = 0, start = 0; j <= nrows; j++) {
+        if (j > start && (j == nrows || (long long)(j - start) == w->limit ||
+                          !kr_same_topic(&w->rn[rows[j].run], &w->rn[rows[start].run]))) {
+            ends[w->nchunks++] = j;
+            start = j;
         }
     }
-    j -= KR_AHEAD / 2;
-    if (j < 0 || j >= norder || ahead[j % (2 * KR_AHEAD)] < 0) return;
-    Py_ssize_t r = ahead[j % (2 * KR_AHEAD)], i = (Py_ssize_t)rd64(ob + 8 * j) - rn[r].start;
-    PyObject *keys = PyTuple_GET_ITEM(PyTuple_GET_ITEM(runs, r), 1);
-    if (i >= PySequence_Fast_GET_SIZE(keys)) return;
-    const char *key = (const char *)PySequence_Fast_GET_ITEM(keys, i);
-    __builtin_prefetch(key);
-    __builtin_prefetch(key + 64);
+    size_t size = 1;
+    for (Py_ssize_t j = 0; j < nrows; j++) size += 5 + rows[j].escaped;  /* ,"key" and (at most one a row) [ ] */
+    w->json = PyMem_RawMalloc(size);
+    w->digits = PyMem_RawMalloc(nrows ? (size_t)nrows * 2 * KR_DIGITS : 1);
+    if (!w->json || !w->digits) { w->nomem = 1; return; }
+    char *o = w->json, *d = w->digits;
+    for (Py_ssize_t c = 0, j = 0; c < w->nchunks; c++) {
+        *o++ = '[';
+        for (Py_ssize_t start = j; j < ends[c]; j++) {
+            if (j > start) *o++ = ',';
+            *o++ = '"';
+            const char *key = w->text + rows[j].key;
+            if (rows[j].escaped == rows[j].key_len) {
+                memcpy(o, key, rows[j].key_len);
+                o += rows[j].key_len;
+            } else {
+                o = kr_escape(o, key, rows[j].key_len);
+            }
+            *o++ = '"';
+            d = kr_digits(d, rows[j].seq);
+            d = kr_digits(d, rows[j].due);
+        }
+        *o++ = ']';
+        tends[c] = o - w->json;
+    }
 }
 
 PyObject *key_rows_json(PyObject *self, PyObject *args) {
-    PyObject *runs_o, *runs = NULL, *order_o, *dues_o, *limit_o, *out = NULL, *chunks = NULL, *rest = NULL;
-    KrRow *rows = NULL;
+    PyObject *runs_o, *runs = NULL, *order_o, *dues_o, *limit_o, *text_o, *bounds_o, *out = NULL, *chunks = NULL, *rest = NULL;
+    KrWork w = {0};
     KrRun *rn = NULL;
-    Py_ssize_t nrows = 0, *ends = NULL;
-    char *text = NULL, *digits = NULL;
-    Out keys_utf8 = {0};
-    Buf order = {.held = 0}, dues = {.held = 0};
-    if (!PyArg_ParseTuple(args, "OOOO", &runs_o, &order_o, &dues_o, &limit_o)) return NULL;
+    Buf order = {.held = 0}, dues = {.held = 0}, text = {.held = 0}, bounds = {.held = 0};
+    if (!PyArg_ParseTuple(args, "OOOOOO", &runs_o, &order_o, &dues_o, &limit_o, &text_o, &bounds_o)) return NULL;
     if (!PyLong_Check(limit_o)) { PyErr_SetString(PyExc_TypeError, "limit: expected an int"); return NULL; }
     if (!PyList_Check(runs_o)) { PyErr_SetString(PyExc_TypeError, "runs: expected a list"); return NULL; }
     runs = PyList_AsTuple(runs_o);  /* the runs as they are now: the list may change meanwhile */
     if (!runs) return NULL;
     Py_ssize_t nruns = PyTuple_GET_SIZE(runs), n = 0;
-    rn = PyMem_Calloc(nruns ? (size_t)nruns : 1, sizeof *rn);  /* (no topic held yet) */
+    rn = PyMem_Calloc(nruns ? (size_t)nruns : 1, sizeof *rn);
     if (!rn) { PyErr_NoMemory(); goto done; }
     for (Py_ssize_t r = 0; r < nruns; r++) {
         PyObject *run = PyTuple_GET_ITEM(runs, r);
         if (check_run(run, r, &rn[r].first) < 0) goto done;
-        rn[r].start = n;  /* (the topic: taken when a row of the run needs it; calloc'd NULL) */
+        rn[r].topic = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(run, 0), &rn[r].topic_len);
+        if (!rn[r].topic) goto done;  /* not encodable (a lone surrogate): UnicodeEncodeError */
+        rn[r].start = n;
         n += PySequence_Fast_GET_SIZE(PyTuple_GET_ITEM(run, 1));
     }
     if (buf_get(dues_o, &dues, 0, "dues") < 0) goto done;
@@ -719,109 +794,41 @@ PyObject *key_rows_json(PyObject *self, PyObject *args) {
     if (limit == -1 && PyErr_Occurred()) goto done;
     if (big) limit = big < 0 ? -1 : LLONG_MAX;
     if (limit < 1) { PyErr_SetString(PyExc_ValueError, "limit: at least one row a chunk"); goto done; }
-    Py_ssize_t norder = order.view.len / 8, nrest = 0;
-    const uint8_t *ob = order.view.buf;
-    rows = PyMem_Malloc(norder ? (size_t)norder * sizeof *rows : 1);  /* the places written as JSON */
+    if (buf_get(text_o, &text, 0, "text") < 0 || buf_get(bounds_o, &bounds, 0, "bounds") < 0) goto done;
+    Py_ssize_t norder = order.view.len / 8;
+    if (bounds.view.len != 8 * (norder + 1)) {
+        PyErr_Format(PyExc_ValueError, "bounds: %zd bytes for %zd rows", bounds.view.len, norder);
+        goto done;
+    }
+    w = (KrWork){.rn = rn, .nruns = nruns, .n = n, .norder = norder, .order = order.view.buf,
+                 .bounds = bounds.view.buf, .due = dues.view.buf, .text = text.view.buf,
+                 .text_len = (uint64_t)text.view.len, .limit = limit};
+    w.rows = PyMem_Malloc(norder ? (size_t)norder * sizeof *w.rows : 1);  /* the places written as JSON */
+    w.ends = PyMem_Malloc(((size_t)norder + 1) * 2 * sizeof *w.ends);
     rest = PyBytes_FromStringAndSize(NULL, norder * 8);  /* the places the caller binds (trimmed below) */
-    if (!rows || !rest) { if (rest) PyErr_NoMemory(); goto done; }
-    uint8_t *rb = (uint8_t *)PyBytes_AS_STRING(rest);
-    const uint8_t *due = dues.view.buf;
-    if (out_reserve(&keys_utf8, 1) < 0) goto done;  /* (a buffer even when every key is empty) */
-    /* In key order the places are random: each row's list slot, str and due time would be a
-     * wait on memory. The run of the row KR_AHEAD on is found now and its slot and due time
-     * fetched, the str of the row half as far on (its slot has come): a million keys, about
-     * half the time (BENCHMARKS.md). `ahead`: each coming row's run (-1: a place past the end). */
-    Py_ssize_t ahead[2 * KR_AHEAD];
-    for (Py_ssize_t j = 0; j < KR_AHEAD; j++) kr_look_ahead(rn, nruns, runs, ob, norder, n, due, ahead, j);
-    for (Py_ssize_t j = 0; j < norder; j++) {
-        kr_look_ahead(rn, nruns, runs, ob, norder, n, due, ahead, j + KR_AHEAD);
-        uint64_t p = rd64(ob + 8 * j);
-        if (p >= (uint64_t)n) {
-            PyErr_Format(PyExc_ValueError, "order: place %llu names no key", (unsigned long long)p);
-            goto done;
-        }
-        Py_ssize_t r = ahead[j % (2 * KR_AHEAD)], i = (Py_ssize_t)p - rn[r].start;
-        PyObject *run = PyTuple_GET_ITEM(runs, r), *keys = PyTuple_GET_ITEM(run, 1);
-        PyObject *key = i < PySequence_Fast_GET_SIZE(keys) ? PySequence_Fast_GET_ITEM(keys, i) : Py_None;
-        if (key == Py_None) {
-            PyErr_Format(PyExc_ValueError, "order: place %llu names no key", (unsigned long long)p);
-            goto done;
-        }
-        if (!PyUnicode_Check(key)) {
-            PyErr_Format(PyExc_TypeError, "run %zd, key %zd: expected a str or None", r, i);
-            goto done;
-        }
-        if (!rn[r].topic_obj) {
-            PyObject *topic = PyTuple_GET_ITEM(run, 0);
-            rn[r].topic = PyUnicode_AsUTF8AndSize(topic, &rn[r].topic_len);
-            if (!rn[r].topic) goto done;  /* not encodable (a lone surrogate): UnicodeEncodeError */
-            Py_INCREF(topic);
-            rn[r].topic_obj = topic;
-        }
-        Py_ssize_t key_len;
-        const char *utf8 = PyUnicode_AsUTF8AndSize(key, &key_len);
-        if (!utf8) goto done;
-        if (memchr(utf8, 0, (size_t)key_len)) {
-            wr64(rb + 8 * nrest++, p);
-            continue;
-        }
-        if (out_reserve(&keys_utf8, (size_t)key_len) < 0) goto done;  /* (read in order below, no str held) */
-        memcpy(keys_utf8.p + keys_utf8.n, utf8, (size_t)key_len);
-        rows[nrows++] = (KrRow){keys_utf8.n, (size_t)key_len, kr_escaped(utf8, key_len), r,
-                                rn[r].first + (int64_t)i, rdi64(due + 8 * p)};
-        keys_utf8.n += (size_t)key_len;
-    }
-    if (_PyBytes_Resize(&rest, nrest * 8) < 0) goto done;
-    ends = PyMem_Malloc(((size_t)nrows + 1) * 2 * sizeof *ends);  /* per chunk: its rows' end, its text's end */
-    if (!ends) { PyErr_NoMemory(); goto done; }
-    Py_ssize_t nchunks = 0, *tends = ends + nrows + 1;
-    for (Py_ssize_t j = 0, start = 0; j <= nrows; j++) {
-        if (j > start && (j == nrows || (long long)(j - start) == limit ||
-                          !kr_same_topic(&rn[rows[j].run], &rn[rows[start].run]))) {
-            ends[nchunks++] = j;
-            start = j;
-        }
-    }
-    /* The text and the digits of every chunk, each laid end to end, without the GIL: from the
-     * rows and the copy of the keys, which no other thread sees. */
-    size_t size = 1;
-    int nomem = 0;
+    if (!w.rows || !w.ends || !rest) { if (rest) PyErr_NoMemory(); goto done; }
+    w.rest = (uint8_t *)PyBytes_AS_STRING(rest);
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t j = 0; j < nrows; j++) size += 5 + rows[j].escaped;  /* ,"key" and (at most one a row) [ ] */
-    text = PyMem_RawMalloc(size);
-    digits = PyMem_RawMalloc(nrows ? (size_t)nrows * 2 * KR_DIGITS : 1);
-    if (!text || !digits) nomem = 1;
-    else {
-        char *o = text, *d = digits;
-        for (Py_ssize_t c = 0, j = 0; c < nchunks; c++) {
-            *o++ = '[';
-            for (Py_ssize_t start = j; j < ends[c]; j++) {
-                if (j > start) *o++ = ',';
-                *o++ = '"';
-                const char *key = (const char *)keys_utf8.p + rows[j].key;
-                if (rows[j].escaped == rows[j].key_len) {
-                    memcpy(o, key, rows[j].key_len);
-                    o += rows[j].key_len;
-                } else {
-                    o = kr_escape(o, key, (Py_ssize_t)rows[j].key_len);
-                }
-                *o++ = '"';
-                d = kr_digits(d, rows[j].seq);
-                d = kr_digits(d, rows[j].due);
-            }
-            *o++ = ']';
-            tends[c] = o - text;
-        }
-    }
+    kr_rows(&w);
+    if (!w.bad) kr_text(&w);
     Py_END_ALLOW_THREADS
-    if (nomem) { PyErr_NoMemory(); goto done; }
-    chunks = PyList_New(nchunks);
+    if (w.bad == 1) {
+        PyErr_Format(PyExc_ValueError, "order: place %llu names no key", (unsigned long long)w.bad_at);
+        goto done;
+    }
+    if (w.bad) {
+        PyErr_Format(PyExc_ValueError, "bounds: row %llu out of order or past the text", (unsigned long long)w.bad_at);
+        goto done;
+    }
+    if (w.nomem) { PyErr_NoMemory(); goto done; }
+    if (_PyBytes_Resize(&rest, w.nrest * 8) < 0) goto done;
+    chunks = PyList_New(w.nchunks);
     if (!chunks) goto done;
-    for (Py_ssize_t c = 0; c < nchunks; c++) {
-        Py_ssize_t at = c ? tends[c - 1] : 0, first = c ? ends[c - 1] : 0;
-        PyObject *s = PyUnicode_DecodeUTF8(text + at, tends[c] - at, "strict");
-        PyObject *numbers = s ? PyBytes_FromStringAndSize(digits + 2 * KR_DIGITS * first, 2 * KR_DIGITS * (ends[c] - first)) : NULL;
-        PyObject *chunk = numbers ? PyTuple_Pack(3, rn[rows[first].run].topic_obj, s, numbers) : NULL;
+    for (Py_ssize_t c = 0, *tends = w.ends + w.nrows + 1; c < w.nchunks; c++) {
+        Py_ssize_t at = c ? tends[c - 1] : 0, first = c ? w.ends[c - 1] : 0;
+        PyObject *s = PyUnicode_DecodeUTF8(w.json + at, tends[c] - at, "strict");  /* (a key not UTF-8: an error) */
+        PyObject *numbers = s ? PyBytes_FromStringAndSize(w.digits + 2 * KR_DIGITS * first, 2 * KR_DIGITS * (w.ends[c] - first)) : NULL;
+        PyObject *chunk = numbers ? PyTuple_Pack(3, PyTuple_GET_ITEM(PyTuple_GET_ITEM(runs, w.rows[first].run), 0), s, numbers) : NULL;
         Py_XDECREF(s);
         Py_XDECREF(numbers);
         if (!chunk) goto done;
@@ -831,12 +838,12 @@ PyObject *key_rows_json(PyObject *self, PyObject *args) {
 done:
     buf_release(&order);
     buf_release(&dues);
-    PyMem_RawFree(text);
-    PyMem_RawFree(digits);
-    PyMem_Free(ends);
-    out_free(&keys_utf8);
-    PyMem_Free(rows);
-    for (Py_ssize_t r = 0; rn && r < nruns; r++) Py_XDECREF(rn[r].topic_obj);
+    buf_release(&text);
+    buf_release(&bounds);
+    PyMem_RawFree(w.json);
+    PyMem_RawFree(w.digits);
+    PyMem_Free(w.ends);
+    PyMem_Free(w.rows);
     PyMem_Free(rn);
     Py_XDECREF(chunks);
     Py_XDECREF(rest);

@@ -54,7 +54,7 @@ import threading
 import time
 from array import array
 from collections.abc import Callable, Iterable, Sequence
-from itertools import chain, groupby, islice, repeat
+from itertools import accumulate, chain, groupby, islice, repeat
 from operator import itemgetter
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -127,15 +127,17 @@ def open_or_set_aside(path: Path, make: Callable[[Path], Index], what: str) -> t
         return make(path), True
 
 
-def key_order(runs: list[tuple[Any, ...]]) -> bytes:
+def key_order(runs: list[tuple[Any, ...]], text: bool = False) -> Any:
     """The order in which `apply` writes the keys of consecutive put_runs, each run a tuple
     (topic, keys, ...): by topic, then key, in UTF-8 byte order (SQLite's BINARY collation, the
     primary key's order), keys of one pair in their given order, None (no key) left out; as
     each key's place among all the runs' keys laid end to end (None counted), an array('Q')'s
     bytes. Inserted in key order, a checkpoint's keys walk the B-tree once instead of touching
-    a random page each (BENCHMARKS.md). The reference of the compiled `key_order`
-    (storage/batch_keys.c), which sorts without holding the GIL: the event loop must not wait
-    for a checkpoint's sort."""
+    a random page each (BENCHMARKS.md). With `text`: (that order, the keys' UTF-8 laid end to
+    end in that order, and the bounds of each key in it: n + 1 u64s, key i is
+    text[bounds[i]:bounds[i + 1]]), which `key_rows_json` reads instead of the strs. The
+    reference of the compiled `key_order` (storage/batch_keys.c), which sorts and copies the
+    keys without holding the GIL: the event loop must not wait for a checkpoint's sort."""
     if not isinstance(runs, list):
         raise TypeError("runs: expected a list")
     found = []
@@ -151,7 +153,10 @@ def key_order(runs: list[tuple[Any, ...]]) -> bytes:
                 found.append((t, key.encode(), place + i))
         place += len(keys)
     found.sort()
-    return array("Q", [code for _, _, code in found]).tobytes()
+    order = array("Q", [code for _, _, code in found]).tobytes()
+    if not text:
+        return order
+    return order, b"".join(k for _, k, _ in found), array("Q", accumulate((len(k) for _, k, _ in found), initial=0)).tobytes()
 
 
 I64_MAX = (1 << 63) - 1
@@ -173,21 +178,24 @@ def check_run(r: int, run: Any, first_seq: bool) -> None:
             raise ValueError(f"run {r}: sequence numbers out of range")
 
 
-def key_rows_json(runs: list[tuple[Any, ...]], order: bytes, dues: Any, limit: int) -> tuple[list[tuple[str, str, bytes]], bytes]:
+def key_rows_json(runs: list[tuple[Any, ...]], order: bytes, dues: Any, limit: int, text: Any,
+                  bounds: Any) -> tuple[list[tuple[str, str, bytes]], bytes]:
     """The rows `apply` writes for consecutive put_runs, each run a tuple (topic, keys,
     first_seq, ...) whose message `first_seq + i` holds `keys[i]`, for the places `order` names
-    (key_order's, or a stretch of them), with `dues` (each key's due time laid end to end as
+    (key_order's, or a stretch of them), whose keys' UTF-8 is in `text` as `bounds` says
+    (key_order's with `text`, cut to the stretch: row j's key is text[bounds[j]:bounds[j + 1]],
+    one bound more than rows), with `dues` (each key's due time laid end to end as
     i64, None counted), as `PUT_JSON` reads them: chunks of at most `limit` rows of one topic,
     each (topic, keys, numbers) where `keys` is the JSON array of the keys (json.dumps, compact,
     not ASCII-escaped) that SQLite's json_each walks, and `numbers` the row's seq and deliver_at
     in fixed-width decimal, NUMBER_DIGITS ASCII bytes each (b"%020d"), that row i finds at
     2 x NUMBER_DIGITS x i with substr. A key holding a NUL is left out (SQLite's JSON functions
-    cut a string at it) and its place returned, as u64s, for `put_rows` to bind. Only the keys
-    named are looked at, so a checkpoint's keys can be written a stretch at a time. The
-    reference of the compiled `key_rows_json` (storage/batch_keys.c), which writes the text
-    without holding the GIL: the checkpoint's thread then holds it for a few microseconds a
-    chunk instead of binding four parameters a key, and the event loop does not wait for it
-    (BENCHMARKS.md)."""
+    cut a string at it) and its place returned, as u64s, for `put_rows` to bind. Of the runs only
+    the topics, first seqs and sizes are read, never a key: a checkpoint's keys can be written
+    a stretch at a time, and the compiled `key_rows_json` (storage/batch_keys.c), of which this
+    is the reference, makes every row without the GIL: the checkpoint's thread holds it for the
+    runs and the result only, instead of binding four parameters a key (or reading a str a key),
+    and the event loop does not wait for it (BENCHMARKS.md)."""
     if not isinstance(limit, int):
         raise TypeError("limit: expected an int")
     if not isinstance(runs, list):
@@ -196,6 +204,7 @@ def key_rows_json(runs: list[tuple[Any, ...]], order: bytes, dues: Any, limit: i
     total = 0
     for r, run in enumerate(runs):
         check_run(r, run, first_seq=True)
+        run[0].encode()  # not encodable (a lone surrogate): UnicodeEncodeError
         starts.append(total)
         total += len(run[1])
     due = memoryview(dues).cast("B")
@@ -210,33 +219,36 @@ def key_rows_json(runs: list[tuple[Any, ...]], order: bytes, dues: Any, limit: i
     places.frombytes(view)
     if limit < 1:
         raise ValueError("limit: at least one row a chunk")
-    chunks: list[tuple[str, str, bytes]] = []
+    keys_text = memoryview(text).cast("B")
+    view = memoryview(bounds).cast("B")
+    if len(view) != 8 * (len(places) + 1):
+        raise ValueError(f"bounds: {len(view)} bytes for {len(places)} rows")
+    at = array("Q")
+    at.frombytes(view)
+    named: list[tuple[int, bytes, int]] = []  # (run, key, place): every row checked before any is written
     rest: list[int] = []
+    for j, place in enumerate(places):
+        if place >= total:
+            raise ValueError(f"order: place {place} names no key")
+        if at[j] > at[j + 1] or at[j + 1] > len(keys_text):
+            raise ValueError(f"bounds: row {j} out of order or past the text")
+        key = bytes(keys_text[at[j]:at[j + 1]])
+        if b"\0" in key:
+            rest.append(place)
+        else:
+            named.append((bisect.bisect_right(starts, place) - 1, key, place))
+    chunks: list[tuple[str, str, bytes]] = []
     rows: list[str] = []
     numbers = bytearray()
     at_topic = ""
-    for place in places:
-        if place >= total:
-            raise ValueError(f"order: place {place} names no key")
-        r = bisect.bisect_right(starts, place) - 1
-        topic, keys, first_seq = runs[r][:3]
-        i = place - starts[r]
-        key = keys[i]
-        if key is None:
-            raise ValueError(f"order: place {place} names no key")
-        if not isinstance(key, str):
-            raise TypeError(f"run {r}, key {i}: expected a str or None")
-        topic.encode()  # not encodable (a lone surrogate): UnicodeEncodeError
-        key.encode()
-        if "\0" in key:
-            rest.append(place)
-            continue
+    for r, key, place in named:
+        topic, first_seq = runs[r][0], runs[r][2]
         if rows and (topic != at_topic or len(rows) == limit):
             chunks.append((at_topic, json.dumps(rows, separators=(",", ":"), ensure_ascii=False), bytes(numbers)))
             rows, numbers = [], bytearray()
         at_topic = topic
-        rows.append(key)
-        numbers += b"%020d%020d" % (first_seq + i, due_at[place])
+        rows.append(key.decode())  # (not UTF-8: UnicodeDecodeError)
+        numbers += b"%020d%020d" % (first_seq + place - starts[r], due_at[place])
     if rows:
         chunks.append((at_topic, json.dumps(rows, separators=(",", ":"), ensure_ascii=False), bytes(numbers)))
     return chunks, array("Q", rest).tobytes()
@@ -682,14 +694,15 @@ class KeyIndex:
         return (str(end[0]), str(end[1])) if end else None
 
     def _put_runs(self, runs: list[tuple[str, Sequence[str | None], int, Sequence[int]]]) -> None:
-        """Write the keys of consecutive runs in key order (`key_order`): as JSON text that
-        SQLite's json_each reads (`key_rows_json`, made without the GIL; SQLite then steps
+        """Write the keys of consecutive runs in key order (`key_order`, which also lays their
+        UTF-8 out in that order): as JSON text that SQLite's json_each reads (`key_rows_json`,
+        made from that text without the GIL; SQLite then steps
         through a chunk of rows with the GIL let go), and the keys that cannot go that way
         (a NUL; every key where SQLite has no JSON functions) as bound parameters, taken from
         the runs laid end to end by C-level iterators (no Python code per row)."""
         if not runs:
             return
-        order = ops.key_order(runs)
+        order, text, bounds = ops.key_order(runs, True) if self.json_rows else (ops.key_order(runs), b"", b"")
         dues = array("q")
         for run in runs:
             d = run[3]
@@ -700,7 +713,8 @@ class KeyIndex:
         if self.json_rows:  # a stretch of JSON_ROWS keys at a time: one statement's text in memory
             rest = []
             for i in range(0, len(order), 8 * JSON_ROWS):
-                chunks, nul = ops.key_rows_json(runs, order[i:i + 8 * JSON_ROWS], dues, JSON_ROWS)
+                chunks, nul = ops.key_rows_json(runs, order[i:i + 8 * JSON_ROWS], dues, JSON_ROWS,
+                                                text, bounds[i:i + 8 * JSON_ROWS + 8])
                 for chunk in chunks:
                     self.writer.execute(PUT_JSON, chunk)
                 rest.append(nul)

@@ -36,9 +36,15 @@ def outcome(f: Any, *args: Any) -> Any:
 def test_compiled_order_matches_the_reference_and_sqlite(runs: list[tuple[str, Any, int]]) -> None:
     got = c.key_order(runs)
     assert got == ref.key_order(runs)
+    assert c.key_order(runs, True) == ref.key_order(runs, True)
     codes = list(array("Q", got))
     flat = [(topic, k) for topic, ks, _ in runs for k in ks]
     keys = [flat[code] for code in codes]
+    # with `text`: the same order, and the keys' UTF-8 in it, each between its bounds
+    order, text, bounds = c.key_order(runs, True)
+    assert order == got
+    assert text == b"".join(k.encode() for _, k in keys)
+    assert list(array("Q", bounds)) == [len(b"".join(k.encode() for _, k in keys[:i])) for i in range(len(keys) + 1)]
     # every key once, None left out
     assert sorted(codes) == [i for i, (_, k) in enumerate(flat) if k is not None]
     # SQLite's own order of the primary key, and one pair's keys in their given order
@@ -63,6 +69,7 @@ SUFFIX = st.lists(st.sampled_from(["", "\x00", "a", "a\x00", "a\x00\x00", "ab", 
 def test_keys_sharing_a_prefix_sort_as_in_the_reference(shared: str, runs: list[tuple[str, Any, int]]) -> None:
     runs = [(t, [None if k is None else shared + k for k in ks], n) for t, ks, n in runs]
     assert c.key_order(runs) == ref.key_order(runs)
+    assert c.key_order(runs, True) == ref.key_order(runs, True)
 
 
 @pytest.mark.parametrize("runs", [
@@ -78,9 +85,10 @@ def test_keys_sharing_a_prefix_sort_as_in_the_reference(shared: str, runs: list[
     [("\udfff", ["k"])],
     [("t", ["a"]), None],
 ])
-def test_damaged_input_is_the_same_error_in_both(runs: Any) -> None:
-    got = outcome(c.key_order, runs)
-    assert got == outcome(ref.key_order, runs)
+@pytest.mark.parametrize("text", [False, True])
+def test_damaged_input_is_the_same_error_in_both(runs: Any, text: bool) -> None:
+    got = outcome(c.key_order, runs, text)
+    assert got == outcome(ref.key_order, runs, text)
     assert got[0] == "error"
 
 
@@ -97,9 +105,9 @@ def test_compiled_rows_match_the_reference_and_sqlite_stores_them(runs: list[tup
                                                                     data: st.DataObject, limit: int, stretch: int) -> None:
     n = sum(len(keys) for _, keys, _ in runs)
     dues = array("q", data.draw(st.lists(I64, min_size=n, max_size=n)))
-    order = ref.key_order(runs)
-    got = c.key_rows_json(runs, order, dues, limit)
-    assert got == ref.key_rows_json(runs, order, dues, limit)
+    order, text, bounds = ref.key_order(runs, True)
+    got = c.key_rows_json(runs, order, dues, limit, text, bounds)
+    assert got == ref.key_rows_json(runs, order, dues, limit, text, bounds)
     chunks, rest = got
     flat = [(topic, k, first + i) for topic, keys, first in runs for i, k in enumerate(keys)]
     assert all(1 <= len(json.loads(text)) <= limit and len(numbers) == 2 * ref.NUMBER_DIGITS * len(json.loads(text))
@@ -118,8 +126,9 @@ def test_compiled_rows_match_the_reference_and_sqlite_stores_them(runs: list[tup
         elif via_json == "stretches":  # as `_put_runs` calls it: a stretch of the order at a time
             nul = []
             for i in range(0, len(order), 8 * stretch):
-                part = c.key_rows_json(runs, order[i:i + 8 * stretch], dues, limit)
-                assert part == ref.key_rows_json(runs, order[i:i + 8 * stretch], dues, limit)
+                args = (runs, order[i:i + 8 * stretch], dues, limit, text, bounds[i:i + 8 * stretch + 8])
+                part = c.key_rows_json(*args)
+                assert part == ref.key_rows_json(*args)
                 for chunk in part[0]:
                     db.execute(ref.PUT_JSON, chunk)
                 nul.append(part[1])
@@ -130,7 +139,8 @@ def test_compiled_rows_match_the_reference_and_sqlite_stores_them(runs: list[tup
     assert sorted(array("Q", rest)) == sorted(p for p in array("Q", order) if "\x00" in flat[p][1])
 
 
-ROWS_OK = ([("t", ["a", None, "b"], 5)], array("Q", [0, 2]).tobytes(), array("q", [1, 2, 3]).tobytes(), 2)
+ROWS_OK = ([("t", ["a", None, "b"], 5)], array("Q", [0, 2]).tobytes(), array("q", [1, 2, 3]).tobytes(), 2, b"ab",
+           array("Q", [0, 1, 2]).tobytes())
 
 
 @pytest.mark.parametrize("args", [
@@ -143,36 +153,44 @@ ROWS_OK = ([("t", ["a", None, "b"], 5)], array("Q", [0, 2]).tobytes(), array("q"
     ([("t", ["k"], -1)], *ROWS_OK[1:]),
     ([("t", ["k"], 2**63 - 1)], *ROWS_OK[1:]),  # its seq would not fit an i64
     ([("t", ["k"], 2**70)], *ROWS_OK[1:]),
-    ([("t", [5, None, "b"], 5)], *ROWS_OK[1:]),  # a key named that is neither str nor None
-    ([("t", ["a", None, b"b"], 5)], *ROWS_OK[1:]),
-    ([("t", ["a", None, "\ud800"], 5)], *ROWS_OK[1:]),
-    ([("\udfff", ["a", None, "b"], 5)], *ROWS_OK[1:]),
-    (ROWS_OK[0], ROWS_OK[1], array("q", [1, 2]).tobytes(), 2),  # a due time missing
-    (ROWS_OK[0], ROWS_OK[1], None, 2),
+    ([("\udfff", ["a", None, "b"], 5)], *ROWS_OK[1:]),  # a topic with no UTF-8
+    ([*ROWS_OK[0], ("\udfff", [], 9)], *ROWS_OK[1:]),  # (every run's topic is read)
+    (ROWS_OK[0], ROWS_OK[1], array("q", [1, 2]).tobytes(), *ROWS_OK[3:]),  # a due time missing
+    (ROWS_OK[0], ROWS_OK[1], None, *ROWS_OK[3:]),
     (ROWS_OK[0], ROWS_OK[1][:-1], *ROWS_OK[2:]),  # order cut short
     (ROWS_OK[0], "abcdefgh", *ROWS_OK[2:]),
     (ROWS_OK[0], "abc", *ROWS_OK[2:]),
     (ROWS_OK[0], 8, *ROWS_OK[2:]),
-    (ROWS_OK[0], array("Q", [1]).tobytes(), *ROWS_OK[2:]),  # names a None
-    (ROWS_OK[0], array("Q", [3]).tobytes(), *ROWS_OK[2:]),  # past the end
-    (ROWS_OK[0], array("Q", [2**64 - 1]).tobytes(), *ROWS_OK[2:]),
-    (*ROWS_OK[:3], 0),
-    (*ROWS_OK[:3], -(2**70)),
-    (*ROWS_OK[:3], 2.0),
+    (ROWS_OK[0], array("Q", [0, 3]).tobytes(), *ROWS_OK[2:]),  # past the end
+    (ROWS_OK[0], array("Q", [0, 2**64 - 1]).tobytes(), *ROWS_OK[2:]),
+    (*ROWS_OK[:3], 0, *ROWS_OK[4:]),
+    (*ROWS_OK[:3], -(2**70), *ROWS_OK[4:]),
+    (*ROWS_OK[:3], 2.0, *ROWS_OK[4:]),
+    (*ROWS_OK[:4], None, ROWS_OK[5]),  # no text
+    (*ROWS_OK[:4], "ab", ROWS_OK[5]),
+    (*ROWS_OK[:5], array("Q", [0, 1]).tobytes()),  # a bound missing
+    (*ROWS_OK[:5], array("Q", [0, 1, 2, 2]).tobytes()),  # one too many
+    (*ROWS_OK[:5], array("Q", [1, 0, 2]).tobytes()),  # out of order
+    (*ROWS_OK[:5], array("Q", [0, 1, 3]).tobytes()),  # past the text
+    (*ROWS_OK[:5], array("Q", [0, 1, 2**64 - 1]).tobytes()),
+    (*ROWS_OK[:5], None),
+    (*ROWS_OK[:4], b"a\xff", ROWS_OK[5]),  # a key that is not UTF-8
+    (*ROWS_OK[:4], b"a\xed\xa0\x80", array("Q", [0, 1, 4]).tobytes()),  # a surrogate's bytes
 ])
 def test_damaged_rows_input_is_the_same_error_in_both(args: tuple[Any, ...]) -> None:
-    """(Only the keys `order` names are looked at: a stretch of a checkpoint's keys at a time.)"""
     assert outcome(c.key_rows_json, *ROWS_OK) == outcome(ref.key_rows_json, *ROWS_OK)
     got = outcome(c.key_rows_json, *args)
     assert got == outcome(ref.key_rows_json, *args)
     assert got[0] == "error"
 
 
-def test_only_the_keys_named_are_looked_at() -> None:
+def test_no_key_str_is_read_only_the_text() -> None:
+    """(A checkpoint's keys are written a stretch at a time, from key_order's text: the runs give
+    their topics, first seqs and sizes.)"""
     runs = [("t", ["a", 5, "\ud800", "b"], 1)]
     dues = array("q", [1, 2, 3, 4]).tobytes()
-    order = array("Q", [0, 3]).tobytes()
-    assert c.key_rows_json(runs, order, dues, 10) == ref.key_rows_json(runs, order, dues, 10) == (
+    args = (runs, array("Q", [0, 3]).tobytes(), dues, 10, b"xab", array("Q", [1, 2, 3]).tobytes())
+    assert c.key_rows_json(*args) == ref.key_rows_json(*args) == (
         [("t", '["a","b"]', b"%020d%020d%020d%020d" % (1, 1, 4, 4))], b"")
 
 
@@ -180,9 +198,9 @@ def test_the_ends_of_the_i64_range_are_read_back_by_sqlite() -> None:
     """The fixed-width digits `PUT_JSON` cuts each row's numbers from: any i64, a '-' first."""
     runs = [("t", ["a", "b", "c", "d"], 2**63 - 5)]
     dues = array("q", [-(2**63), 2**63 - 1, -1, 0])
-    order = ref.key_order(runs)
-    got = c.key_rows_json(runs, order, dues, 10)
-    assert got == ref.key_rows_json(runs, order, dues, 10)
+    order, text, bounds = ref.key_order(runs, True)
+    got = c.key_rows_json(runs, order, dues, 10, text, bounds)
+    assert got == ref.key_rows_json(runs, order, dues, 10, text, bounds)
     db = sqlite3.connect(":memory:")
     db.execute("CREATE TABLE recent (topic TEXT, key TEXT, seq INTEGER, deliver_at INTEGER, done_at INTEGER)")
     db.execute(ref.PUT_JSON, got[0][0])
