@@ -359,13 +359,13 @@ PyObject *overlay_find(PyObject *self, PyObject *args) {
  * UTF-8 byte order (SQLite's BINARY collation), keys of one pair in their given order; None left
  * out. Returns each key's place among all the runs' keys laid end to end (None counted), as u64
  * in the machine's byte order (an array('Q')); with `text` true, (that order, the keys' UTF-8 laid
- * end to end in that order, the n + 1 u64 bounds of the keys in it) for key_rows_json. The sort
- * and the copy run without the GIL (a checkpoint's keys take tens of milliseconds, which the
- * event loop must not wait for): the strings are held by a copy of every list, and a str's UTF-8
- * bytes, once made, live as long as the str. */
+ * end to end in that order, the n + 1 u64 bounds of the keys in it) for key_rows_json. With the
+ * GIL the keys' UTF-8 is copied, in the runs' order, from one str to the next as they were made;
+ * the sort and the text run without it, on the copy (a checkpoint's keys take tens of
+ * milliseconds, which the event loop must not wait for; and no str is held or let go). */
 
 typedef struct {
-    const char *key;
+    size_t at;  /* the key's UTF-8 in the copy */
     Py_ssize_t key_len;
     uint64_t code;
 } KoKey;
@@ -382,17 +382,17 @@ typedef struct {
     uint32_t topic, at;
 } KoSort;
 
-static void ko_prefixes(const KoKey *k, KoSort *s, Py_ssize_t m) {
+static void ko_prefixes(const char *copy, const KoKey *k, KoSort *s, Py_ssize_t m) {
     Py_ssize_t shared = m ? k[0].key_len : 0;
     for (Py_ssize_t i = 1; i < m && shared; i++) {
         Py_ssize_t n = k[i].key_len < shared ? k[i].key_len : shared, j = 0;
-        while (j < n && k[i].key[j] == k[0].key[j]) j++;
+        while (j < n && copy[k[i].at + (size_t)j] == copy[k[0].at + (size_t)j]) j++;
         shared = j;
     }
     for (Py_ssize_t i = 0; i < m; i++) {
         uint64_t v = 0;
         for (Py_ssize_t j = shared; j < shared + 8; j++)
-            v = v << 8 | (j < k[i].key_len ? (uint8_t)k[i].key[j] : 0);
+            v = v << 8 | (j < k[i].key_len ? (uint8_t)copy[k[i].at + (size_t)j] : 0);
         s[i].prefix = v;
     }
 }
@@ -403,23 +403,23 @@ static inline int ko_bytes(const char *a, Py_ssize_t an, const char *b, Py_ssize
 }
 
 /* By topic, then key, then place (KoKeys are in place order). */
-static inline int ko_less(const KoSort *a, const KoSort *b, const KoKey *k) {
+static inline int ko_less(const KoSort *a, const KoSort *b, const char *copy, const KoKey *k) {
     if (a->topic != b->topic) return a->topic < b->topic;
     if (a->prefix != b->prefix) return a->prefix < b->prefix;
-    int c = ko_bytes(k[a->at].key, k[a->at].key_len, k[b->at].key, k[b->at].key_len);
+    int c = ko_bytes(copy + k[a->at].at, k[a->at].key_len, copy + k[b->at].at, k[b->at].key_len);
     return c ? c < 0 : a->at < b->at;
 }
 
 #define KO_RUN 16  /* insertion-sorted before the merges */
 
 /* Merge sort of s[0..m) by ko_less, `t` as big for the merges. */
-static void ko_sort(KoSort *s, KoSort *t, Py_ssize_t m, const KoKey *k) {
+static void ko_sort(KoSort *s, KoSort *t, Py_ssize_t m, const char *copy, const KoKey *k) {
     for (Py_ssize_t lo = 0; lo < m; lo += KO_RUN) {
         Py_ssize_t hi = lo + KO_RUN < m ? lo + KO_RUN : m;
         for (Py_ssize_t i = lo + 1; i < hi; i++) {
             KoSort x = s[i];
             Py_ssize_t j = i;
-            for (; j > lo && ko_less(&x, &s[j - 1], k); j--) s[j] = s[j - 1];
+            for (; j > lo && ko_less(&x, &s[j - 1], copy, k); j--) s[j] = s[j - 1];
             s[j] = x;
         }
     }
@@ -428,7 +428,7 @@ static void ko_sort(KoSort *s, KoSort *t, Py_ssize_t m, const KoKey *k) {
         for (Py_ssize_t lo = 0; lo < m; lo += 2 * w) {
             Py_ssize_t mid = lo + w < m ? lo + w : m, hi = lo + 2 * w < m ? lo + 2 * w : m;
             Py_ssize_t i = lo, j = mid, o = lo;
-            while (i < mid && j < hi) to[o++] = ko_less(&from[j], &from[i], k) ? from[j++] : from[i++];
+            while (i < mid && j < hi) to[o++] = ko_less(&from[j], &from[i], copy, k) ? from[j++] : from[i++];
             while (i < mid) to[o++] = from[i++];
             while (j < hi) to[o++] = from[j++];
         }
@@ -449,12 +449,12 @@ static int ko_topic_cmp(const void *pa, const void *pb) {
     return c ? c : (a->run > b->run) - (a->run < b->run);
 }
 
-static int ko_topic_ranks(PyObject *held, uint32_t *rank) {
-    Py_ssize_t nruns = PyList_GET_SIZE(held);
+static int ko_topic_ranks(PyObject *runs, uint32_t *rank) {
+    Py_ssize_t nruns = PyList_GET_SIZE(runs);
     KoTopic *t = PyMem_Malloc(nruns ? (size_t)nruns * sizeof *t : 1);
     if (!t) { PyErr_NoMemory(); return -1; }
     for (Py_ssize_t r = 0; r < nruns; r++) {
-        t[r].topic = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(PyList_GET_ITEM(held, r), 0), &t[r].len);
+        t[r].topic = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(PyList_GET_ITEM(runs, r), 0), &t[r].len);
         if (!t[r].topic) { PyMem_Free(t); return -1; }
         t[r].run = r;
     }
@@ -500,94 +500,89 @@ static int check_run(PyObject *run, Py_ssize_t r, int64_t *first) {
 }
 
 PyObject *key_order(PyObject *self, PyObject *args) {
-    PyObject *runs, *held = NULL, *out = NULL, *text = NULL, *bounds = NULL;
+    PyObject *runs, *out = NULL, *order = NULL, *text = NULL, *bounds = NULL;
     KoKey *k = NULL;
     KoSort *s = NULL;
     uint32_t *rank = NULL;
+    Out copy = {0};
     int with_text = 0;
     if (!PyArg_ParseTuple(args, "O|p", &runs, &with_text)) return NULL;
     if (!PyList_Check(runs)) { PyErr_SetString(PyExc_TypeError, "runs: expected a list"); return NULL; }
-    Py_ssize_t nruns = PyList_GET_SIZE(runs);
-    held = PyList_New(nruns);  /* (topic, a copy of keys) per run: `runs` may change meanwhile */
-    if (!held) return NULL;
-    Py_ssize_t n = 0;
+    Py_ssize_t nruns = PyList_GET_SIZE(runs), n = 0;
     for (Py_ssize_t r = 0; r < nruns; r++) {
         PyObject *run = PyList_GET_ITEM(runs, r);
-        if (check_run(run, r, NULL) < 0) goto done;
-        PyObject *topic = PyTuple_GET_ITEM(run, 0), *keys = PyTuple_GET_ITEM(run, 1);
-        PyObject *copy = PySequence_Tuple(keys);
-        if (!copy) goto done;
-        Py_ssize_t len = PyTuple_GET_SIZE(copy);
-        PyObject *pair = PyTuple_Pack(2, topic, copy);
-        Py_DECREF(copy);
-        if (!pair) goto done;
-        PyList_SET_ITEM(held, r, pair);
-        n += len;
+        if (check_run(run, r, NULL) < 0) return NULL;
+        n += PySequence_Fast_GET_SIZE(PyTuple_GET_ITEM(run, 1));
     }
     if (n > (Py_ssize_t)UINT32_MAX || nruns > (Py_ssize_t)UINT32_MAX) {
         PyErr_SetString(PyExc_OverflowError, "more than 2**32 keys or runs");
-        goto done;
+        return NULL;
     }
     k = PyMem_Malloc(n ? (size_t)n * sizeof *k : 1);
     s = PyMem_Malloc(n ? (size_t)n * 2 * sizeof *s : 1);  /* and as many for the merges */
     rank = PyMem_Malloc(nruns ? (size_t)nruns * sizeof *rank : 1);
     if (!k || !s || !rank) { PyErr_NoMemory(); goto done; }
-    Py_ssize_t m = 0, place = 0, text_len = 0;
+    if (out_reserve(&copy, 1) < 0) goto done;  /* (a buffer even when every key is empty) */
+    Py_ssize_t m = 0, place = 0;
     for (Py_ssize_t r = 0; r < nruns; r++) {
-        PyObject *pair = PyList_GET_ITEM(held, r), *keys = PyTuple_GET_ITEM(pair, 1);
-        if (!PyUnicode_AsUTF8(PyTuple_GET_ITEM(pair, 0))) goto done;  /* a lone surrogate: UnicodeEncodeError */
-        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(keys); i++, place++) {
-            PyObject *key = PyTuple_GET_ITEM(keys, i);
+        PyObject *run = PyList_GET_ITEM(runs, r), *keys = PyTuple_GET_ITEM(run, 1);
+        if (!PyUnicode_AsUTF8(PyTuple_GET_ITEM(run, 0))) goto done;  /* a lone surrogate: UnicodeEncodeError */
+        PyObject **items = PySequence_Fast_ITEMS(keys);
+        for (Py_ssize_t i = 0, len = PySequence_Fast_GET_SIZE(keys); i < len; i++, place++) {
+            PyObject *key = items[i];
             if (key == Py_None) continue;
             if (!PyUnicode_Check(key)) {
                 PyErr_Format(PyExc_TypeError, "run %zd, key %zd: expected a str or None", r, i);
                 goto done;
             }
-            k[m].key = PyUnicode_AsUTF8AndSize(key, &k[m].key_len);
-            if (!k[m].key) goto done;
-            text_len += k[m].key_len;  /* (each str's UTF-8 is in memory: the sum fits) */
+            const char *utf8 = PyUnicode_AsUTF8AndSize(key, &k[m].key_len);
+            if (!utf8 || out_reserve(&copy, (size_t)k[m].key_len) < 0) goto done;
+            memcpy(copy.p + copy.n, utf8, (size_t)k[m].key_len);
+            k[m].at = copy.n;
+            copy.n += (size_t)k[m].key_len;
             k[m].code = (uint64_t)place;
             s[m].topic = (uint32_t)r;  /* (its rank, below) */
             s[m].at = (uint32_t)m;
             m++;
         }
     }
-    if (ko_topic_ranks(held, rank) < 0) goto done;  /* (every topic's UTF-8 is made: no error) */
+    if (ko_topic_ranks(runs, rank) < 0) goto done;  /* (every topic's UTF-8 is made: no error) */
     for (Py_ssize_t i = 0; i < m; i++) s[i].topic = rank[s[i].topic];
+    order = PyBytes_FromStringAndSize(NULL, m * 8);
+    if (!order) goto done;
     if (with_text) {  /* (made now, filled without the GIL: nothing else sees them yet) */
-        text = PyBytes_FromStringAndSize(NULL, text_len);
+        text = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)copy.n);
         bounds = PyBytes_FromStringAndSize(NULL, (m + 1) * 8);
         if (!text || !bounds) goto done;
     }
     Py_BEGIN_ALLOW_THREADS
-    ko_prefixes(k, s, m);
-    ko_sort(s, s + m, m, k);
-    if (with_text) {  /* the keys' UTF-8 in key order, from the strs `held` keeps */
+    const char *c = (const char *)copy.p;
+    ko_prefixes(c, k, s, m);
+    ko_sort(s, s + m, m, c, k);
+    uint8_t *o = (uint8_t *)PyBytes_AS_STRING(order);
+    for (Py_ssize_t i = 0; i < m; i++) memcpy(o + 8 * i, &k[s[i].at].code, 8);
+    if (with_text) {  /* the keys' UTF-8 in key order */
         char *t = PyBytes_AS_STRING(text);
         uint8_t *b = (uint8_t *)PyBytes_AS_STRING(bounds);
         uint64_t at = 0;
         wr64(b, 0);
         for (Py_ssize_t i = 0; i < m; i++) {
             const KoKey *key = &k[s[i].at];
-            memcpy(t + at, key->key, (size_t)key->key_len);
+            memcpy(t + at, c + key->at, (size_t)key->key_len);
             at += (uint64_t)key->key_len;
             wr64(b + 8 * (i + 1), at);
         }
     }
     Py_END_ALLOW_THREADS
-    PyObject *order = PyBytes_FromStringAndSize(NULL, m * 8);
-    if (!order) goto done;
-    uint8_t *o = (uint8_t *)PyBytes_AS_STRING(order);
-    for (Py_ssize_t i = 0; i < m; i++) memcpy(o + 8 * i, &k[s[i].at].code, 8);
-    out = with_text ? PyTuple_Pack(3, order, text, bounds) : order;
-    if (with_text) Py_DECREF(order);
+    out = with_text ? PyTuple_Pack(3, order, text, bounds) : Py_NewRef(order);
 done:
     PyMem_Free(k);
     PyMem_Free(s);
     PyMem_Free(rank);
+    out_free(&copy);
+    Py_XDECREF(order);
     Py_XDECREF(text);
     Py_XDECREF(bounds);
-    Py_DECREF(held);
     return out;
 }
 
