@@ -88,9 +88,10 @@ def background_priority() -> None:
 
 
 # A key that repeats in a batch is one of the keys a claim could not rule out (KeyIndex.claim_many):
-# up to this many of them, each is counted in the batch (a C loop over it) instead of making a set
-# of the whole batch's keys (30-50 us for 1,000 keys).
-REPEAT_COUNTS = 8
+# up to this many of them, each is counted in the batch (a C loop over it, about 10 us a key asked
+# in a batch of 1,000) instead of making a set of the whole batch's keys (about 24 us; BENCHMARKS.md).
+# A filter of a few million keys answers "maybe" for several keys of a batch of new ones.
+REPEAT_COUNTS = 2
 
 
 def repeats(named: list[str], maybe: list[str] | None) -> bool:
