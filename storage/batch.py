@@ -65,7 +65,7 @@ from typing import Any, Protocol
 
 import msgpack
 from delayd.storage import native
-from delayd.storage.batch_common import SCAN_OK, check_record, require, utf8_or_none
+from delayd.storage.batch_common import SCAN_OK, check_record, read_record, require, utf8_or_none
 
 # The pull stage's references, here too so that `ops` has every batch function without the core:
 from delayd.storage.batch_pull import PROW
@@ -585,13 +585,11 @@ def dues(units: bytes, kinds: bytes, reads: list[tuple[int, bytes]], slot_time: 
         if kinds[i] != KIND_DUE:
             continue
         _s, _p, _m, _e, _d, off, size, _th, _seq = UNIT.unpack_from(units, i * UROW + 8)
-        j = bisect.bisect_right(starts, off) - 1
-        need = max(size, RECORD.size)
-        if j < 0 or off < reads[j][0] or off + need > reads[j][0] + len(reads[j][1]):
+        found = read_record(reads, starts, off, size)
+        if found is None:
             problems.append((i, 0))
             continue
-        buf, at = reads[j][1], off - reads[j][0]
-        c, length = check_record(buf, at, True)
+        c, length, buf, at = found
         if c != SCAN_OK:
             problems.append((i, c))
             continue

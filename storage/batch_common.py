@@ -8,7 +8,9 @@ storage/commitlog.py). A reference reads records only through it.
 
 from __future__ import annotations
 
+import bisect
 import zlib
+from typing import Any
 
 from delayd.storage.commitlog import HEADER as RECORD
 from delayd.storage.commitlog import MAX_RECORD, RECORD_VERSION, RecordType
@@ -29,6 +31,18 @@ def utf8_or_none(s: str) -> bytes | None:
         return s.encode()
     except UnicodeEncodeError:
         return None
+
+
+def read_record(reads: list[tuple[int, bytes]], starts: list[int], off: int,
+                size: int) -> tuple[int, int, Any, int] | None:
+    """The record at commit-log offset `off` (`size` bytes) in `reads` ((offset, bytes) sorted by
+    offset; `starts` their offsets): (check_record's outcome and length, the buffer, the record's
+    place in it), or None when no read holds it whole."""
+    j = bisect.bisect_right(starts, off) - 1
+    if j < 0 or off < reads[j][0] or off + max(size, RECORD.size) > reads[j][0] + len(reads[j][1]):
+        return None
+    buf, at = reads[j][1], off - reads[j][0]
+    return (*check_record(buf, at, True), buf, at)
 
 
 def check_record(buf: bytes | memoryview, i: int, verify: bool) -> tuple[int, int]:

@@ -16,12 +16,11 @@ PullRow (PROW = 56 bytes): a message a pull hands out (take_rows → encode_pull
 
 from __future__ import annotations
 
-import bisect
 import struct
 from typing import Any
 
 import msgpack
-from delayd.storage.batch_common import SCAN_CORRUPT, SCAN_OK, check_record, require, utf8_or_none
+from delayd.storage.batch_common import SCAN_CORRUPT, SCAN_OK, read_record, require, utf8_or_none
 from delayd.storage.commitlog import HEADER as RECORD
 from delayd.storage.commitlog import I64_MAX
 from delayd.storage.readyqueue import UNIT as READY
@@ -60,12 +59,11 @@ def encode_pull(rows: bytes, prefix: bytes, tokens: list[str], reads: list[tuple
         off, size, _tgh, _d, released_at, seq, index, attempt, token = PULL.unpack_from(rows, i * PROW)
         if token >= len(tokens):
             raise IndexError("token")
-        j = bisect.bisect_right(starts, off) - 1
-        if j < 0 or off < reads[j][0] or off + max(size, RECORD.size) > reads[j][0] + len(reads[j][1]):
+        found = read_record(reads, starts, off, size)
+        if found is None:
             problems.append((i, 0))
             continue
-        buf, at = reads[j][1], off - reads[j][0]
-        c, _length = check_record(buf, at, True)
+        c, _length, buf, at = found
         if c != SCAN_OK:
             problems.append((i, c))
             continue
