@@ -24,6 +24,7 @@ wheel: the checkpoint's read time keeps their slot, and they are walked again at
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import enum
 import logging
@@ -48,6 +49,10 @@ RETRY_S = 0.5  # a stage that cannot write (disk full, no descriptors) retries t
 RELEASE_BATCH = 4096  # messages released per event-loop turn
 RESOLVE_CHUNK = 1024  # units resolved per event-loop turn (a big slot must not stall releases)
 CARRY_POLL_S = 0.1  # a follower looks this often whether its primary's cursor moved
+# A primary's enqueue-get held back by the watermark looks again this often even when nothing
+# woke it: what moves the watermark (acks, the group commit's fsync, the in-sync set) wakes it,
+# and this bounds the delay should a move go unannounced.
+LIMIT_POLL_S = 0.05
 DRAIN_TIMEOUT_S = 5.0
 TRANSIENT = (DiskFull, OutOfDescriptors, OSError)  # caught by the stages; `transient` says which to retry
 
@@ -269,7 +274,12 @@ class EnqueueGet(Stage):
                         await asyncio.sleep(0)
                         continue
                     self.state = StageState.WAITING
-                    await self.appended.wait()  # Pipeline.stop sets it too
+                    if commit.end > end:  # held back by the limit, not at the log's end
+                        with contextlib.suppress(TimeoutError):
+                            async with asyncio.timeout(LIMIT_POLL_S):
+                                await self.appended.wait()
+                    else:
+                        await self.appended.wait()  # Pipeline.stop sets it too
                     continue
                 self.pos = pos
                 self.batches += 1
@@ -550,9 +560,11 @@ class GroupCommit:
     """
 
     def __init__(self, store: Store, policy: str, interval_ms: int,
-                 on_fsync: Callable[[float], None] | None = None) -> None:
+                 on_fsync: Callable[[float], None] | None = None,
+                 on_durable: Callable[[int], None] | None = None) -> None:
         self.store, self.policy, self.interval_ms = store, policy, interval_ms
         self.on_fsync = on_fsync  # told each fsync's duration in seconds (metrics)
+        self.on_durable = on_durable  # told the new durable_end after each fsync (a replicated watermark)
         self._waiters: list[asyncio.Future[None]] = []
         self._wake = asyncio.Event()
         self.fsyncs = 0
@@ -619,6 +631,8 @@ class GroupCommit:
             for w in waiters:
                 if not w.done():
                     w.set_result(None)
+            if self.on_durable is not None:
+                self.on_durable(self.durable_end)
 
 
 # ------------------------------------------------------------------------------ the pipeline

@@ -333,6 +333,8 @@ class Replication:
         finally:
             self._isr_busy = False
             self._changed.set()
+            if self.broker.pipeline is not None:
+                self.broker.pipeline.appended.set()  # the watermark follows the in-sync set
 
     # ------------------------------------------------------------------------------ primary: stream
     def log_grew(self) -> None:

@@ -175,7 +175,7 @@ class Broker:
         events = [(rec.topic, rec.key or "", decode_event(rec.body)) for rec in report.group_events]
         self.groups.restore(store.groups_snapshot, events)
         self.committer = GroupCommit(store, self.cfg.fsync, self.cfg.fsync_interval_ms,
-                                     on_fsync=self._on_fsync)
+                                     on_fsync=self._on_fsync, on_durable=self._on_durable)
 
     def start_pipeline(self) -> None:
         """Start the stages, the group commit, the checkpoint loop and the push workers: the
@@ -779,6 +779,12 @@ class Broker:
             self.groups.notify(topic)
         for listener in self.listeners:
             listener.on_release(released, now)
+
+    def _on_durable(self, _end: int) -> None:
+        # A replicated primary indexes up to its watermark, which this fsync may have moved (the
+        # followers' acks can come first): enqueue-get looks again.
+        if self.repl is not None and self.pipeline is not None:
+            self.pipeline.appended.set()
 
     def _on_fsync(self, seconds: float) -> None:
         for listener in self.fsync_listeners:

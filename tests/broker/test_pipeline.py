@@ -166,3 +166,61 @@ async def test_group_commit_through_the_compiled_fsync_thread(tmp_path, monkeypa
         await asyncio.gather(task, return_exceptions=True)
         store.close()
     assert gc.fsyncer._syncer is None  # the group commit's end stopped the thread
+
+
+async def test_enqueue_get_held_by_its_limit_indexes_when_the_limit_moves_unannounced(tmp_path):
+    """A replicated primary indexes up to its watermark (`limit`). Once the watermark moves,
+    enqueue-get indexes up to it even when nothing sets `appended` (the followers' acks came
+    before the primary's own fsync, and the fsync woke nobody: the load's last produces were
+    never indexed, so never released, in a 500-cycle replicated torture)."""
+    from delayd.broker.clock import Clock
+    from delayd.broker.pipeline import Pipeline
+    from delayd.storage.recovery import open_store
+    from delayd.storage.store import NewMessage
+
+    clock = Clock()
+    store, _ = open_store(tmp_path / "data", clock_ms=clock.now_ms)
+    limit = [store.commit.end]
+    p = Pipeline(store, clock, lookahead_ms=0, queue_batches=4, release_capacity=1000,
+                 on_release=lambda _rel, _now: None, limit=lambda: limit[0])
+    p.start()
+    try:
+        now = clock.now_ms()
+        store.append_messages([NewMessage("t", b"later %d" % i, now + 3_600_000) for i in range(3)], now)
+        p.appended.set()  # as produce does: the watermark is not there yet
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 0.2
+        while loop.time() < deadline:
+            assert store.indexed == 0, "indexed past the limit"
+            await asyncio.sleep(0.01)
+        limit[0] = store.commit.end  # e.g. the group commit's fsync: no one sets `appended`
+        deadline = loop.time() + 10
+        while store.indexed < store.commit.end:
+            assert loop.time() < deadline, "enqueue-get waited for a wake that never came"
+            await asyncio.sleep(0.01)
+    finally:
+        await p.stop(timeout_s=10)
+        store.close()
+
+
+async def test_group_commit_tells_each_new_durable_end(tmp_path):
+    """After each fsync the group commit tells `on_durable` the end it reached (the broker wakes
+    a replicated primary's enqueue-get with it: its watermark includes this end)."""
+    from delayd.broker.pipeline import GroupCommit
+    from delayd.storage.recovery import open_store
+    from delayd.storage.store import NewMessage
+
+    store, _report = open_store(tmp_path / "data")
+    told: list[int] = []
+    gc = GroupCommit(store, "always", 1000, on_durable=told.append)
+    task = asyncio.create_task(gc.run())
+    try:
+        for body in (b"x", b"y"):
+            store.append_messages([NewMessage("t", body, 0)], 0)
+            await asyncio.wait_for(gc.durable(), 10)
+            assert told[-1] == gc.durable_end == store.commit.end
+        assert len(told) == 2
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        store.close()

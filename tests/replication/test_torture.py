@@ -70,11 +70,12 @@ def test_replicated_torture(cluster: Cluster) -> None:
             history.append(f"  -> primary {q}, {load.summary()}")
     except BaseException:
         print("\n".join(history))  # what led there, whatever broke
+        print(c.describe())
         raise
     finally:
         load.stop()
     bad = load.violations()
-    assert not bad, "\n".join(history) + "\n" + load.report(bad)
+    assert not bad, "\n".join(history) + "\n" + load.report(bad) + "\n" + c.describe()
     q = c.wait_primary(20)
     names = sorted(c.members)
     wait_until(lambda: len({c.log_bytes(n) for n in names}) == 1, 20, 0.1, "every member holds the same log")

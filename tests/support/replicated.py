@@ -129,6 +129,21 @@ class Cluster:
         return list(wait_until(lambda: (m := self.isr(primary)) and len(m) == size and m, timeout_s, 0.05,
                                f"an in-sync set of {size}"))
 
+    def describe(self, log_lines: int = 25) -> str:
+        """What each member says of itself now (role, pipeline stages and depths, groups, counts)
+        and the tail of its log: printed with a torture failure, so that a stall can be placed."""
+        out = []
+        for name, d in self.members.items():
+            status, stats = self.get(name, "/v1/stats", 2.0)
+            if status == 200 and isinstance(stats, dict):
+                keep = ("scheduled", "produced_total", "delivered_total", "pipeline", "pipeline_state", "groups")
+                said = json.dumps({k: stats.get(k) for k in keep}, sort_keys=True)
+            else:
+                said = f"/v1/stats: {status}"
+            out.append(f"--- {name}: role {self.role(name)}, alive {self.alive(name)}, stopped {name in self.stopped}\n"
+                       f"{said}\n{d.log_tail(log_lines)}")
+        return "\n".join(out)
+
     def log_bytes(self, name: str) -> bytes:
         d = self.root / name / "commitlog"
         return b"".join((d / f).read_bytes() for f in sorted(os.listdir(d)))

@@ -16,6 +16,7 @@ Duplicates are allowed (at-least-once: a failover may release a message again).
 
 from __future__ import annotations
 
+import http.client
 import json
 import random
 import re
@@ -73,7 +74,7 @@ class Shard:
             elif e.code in (421, 503):
                 self._next(url)
             return e.code, answer
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, http.client.HTTPException) as e:  # no (whole) answer: a member died under it
             self._next(url)
             return 0, repr(e)
 
@@ -97,6 +98,7 @@ class Load:
         self.deliveries: list[tuple[str, int, int]] = []  # (id, received ms, deliver_at)
         self.threads: list[threading.Thread] = []
         self.errors: dict[int, int] = {}
+        self.crashed: list[str] = []  # a worker that raised: its thread ended, and the checks say so
 
     def _log(self, op: Op) -> None:
         with self.lock:
@@ -184,6 +186,14 @@ class Load:
 
     drain_until = 0
 
+    def _guard(self, work: Any) -> None:
+        try:
+            work()
+        except BaseException as e:  # noqa: BLE001 - reported as a violation, not lost on stderr
+            with self.lock:
+                self.crashed.append(f"{work.__name__}: {e!r}")
+            raise
+
     # -- control ------------------------------------------------------------------------------
     def start(self) -> Load:
         # The group first, so that it takes every message from the start.
@@ -192,7 +202,7 @@ class Load:
             assert time.monotonic() < deadline, "no primary took the subscription"
             time.sleep(0.1)
         for target in (self._produce, self._produce, self._cancel, self._consume):
-            th = threading.Thread(target=target, daemon=True)
+            th = threading.Thread(target=self._guard, args=(target,), daemon=True)
             th.start()
             self.threads.append(th)
         return self
@@ -215,6 +225,7 @@ class Load:
         out: list[str] = []
         with self.lock:
             deliveries = list(self.deliveries)
+            out += [f"WORKER DIED: {c}" for c in self.crashed]
         for i in self.missing():
             out.append(f"LOST: produce of {i} (due {self.produced[i]}) was acknowledged, never delivered")
         for i, got, due in deliveries:
