@@ -120,6 +120,13 @@ class Dispatch:
         self.load_time_ms = slot_time + self.timers.wheel.precision_ms
         return self._walk(slot_time, chunk)
 
+    def rewind(self, read_time_ms: int) -> None:
+        """The dequeue side stopped holding units it took out of the wheel and did not release
+        (loaded ahead, or held until due: a pipeline replaced in place when a replicated member
+        changes role). Their slots are walked again from `read_time_ms`, the oldest slot still in
+        flight; the message table drops what was released meanwhile, as after a crash."""
+        self.load_time_ms = min(self.load_time_ms, read_time_ms)
+
     def load_slot(self, slot_time: int) -> list[Unit]:
         """open_slot, walked whole, as Units."""
         return [unit_of(rows, k) for rows in self.open_slot(slot_time) for k in range(len(rows) // UROW)]
