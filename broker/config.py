@@ -79,6 +79,9 @@ class Config:
     # (held in memory meanwhile, about 200 bytes each): above it a produce of a batch holding a
     # far message is answered 429 until the writes catch up.
     max_unwritten_far: int = 500_000
+    # How long a produce refused for one of the three bounds above waits for room (rechecked every
+    # 50 ms: the writes that make it run in other threads) before it is answered 429; 0: at once.
+    backpressure_wait_ms: int = 1000
     request_timeout_s: float = 60.0
     # storage
     segment_bytes: int = 64 * 1024 * 1024
@@ -173,6 +176,8 @@ class Config:
             raise ConfigError("max_unwritten_keys must be at least 1")
         if self.max_unwritten_far < 1:
             raise ConfigError("max_unwritten_far must be at least 1")
+        if not 0 <= self.backpressure_wait_ms <= 60_000:
+            raise ConfigError("backpressure_wait_ms must be within 0..60000")
         if self.max_request_elements < 1000:
             raise ConfigError("max_request_elements must be at least 1,000")
         if bool(self.tls_cert) != bool(self.tls_key):

@@ -17,12 +17,12 @@ import threading
 import time
 from array import array
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import EllipsisType
-from typing import Any
+from typing import Any, TypeVar
 
 from delayd.broker import codec, errors
 from delayd.broker.clock import Clock
@@ -92,6 +92,8 @@ def background_priority() -> None:
 # in a batch of 1,000) instead of making a set of the whole batch's keys (about 24 us; BENCHMARKS.md).
 # A filter of a few million keys answers "maybe" for several keys of a batch of new ones.
 REPEAT_COUNTS = 2
+ROOM_POLL_S = 0.05  # how often a produce refused for room tries again (Config.backpressure_wait_ms)
+T = TypeVar("T")
 
 
 def repeats(named: list[str], maybe: list[str] | None) -> bool:
@@ -397,8 +399,27 @@ class Broker:
         makes the message a duplicate: nothing is stored and the holder is answered. With
         `replace`, a pending holder is cancelled in the same atomic write instead. Everything
         from lookup to append runs without yielding, so two concurrent produces of one key
-        cannot both store a message.
+        cannot both store a message. Refused for room, it waits (`_with_room`).
         """
+        return await self._with_room(lambda: self._produce(messages, replace))
+
+    async def _with_room(self, produce: Callable[[], Awaitable[T]]) -> T:
+        """`produce()`, tried again every ROOM_POLL_S while it is refused for room
+        (errors.Backpressure: an index is behind; nothing was stored) until
+        `backpressure_wait_ms` have passed, then refused (429). The writes that make room run in
+        other threads and stages; a flood's produce then goes on when a checkpoint has written
+        the keys, instead of its client waiting out a Retry-After second (BENCHMARKS.md)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.cfg.backpressure_wait_ms / 1000
+        while True:
+            try:
+                return await produce()
+            except errors.Backpressure:
+                if loop.time() + ROOM_POLL_S > deadline:
+                    raise
+            await asyncio.sleep(ROOM_POLL_S)
+
+    async def _produce(self, messages: list[NewMessage], replace: list[bool] | None) -> list[Produced]:
         store = self._writable()
         now = self.clock.now_ms()
         replace = replace or [False] * len(messages)
@@ -437,9 +458,13 @@ class Broker:
         batch core's `encode_produce_raw` and `encode_produced`): `produce` without a Python
         object per message. None when the core does not decide the body; the caller then
         parses it and calls `produce`, which answers it (an invalid body's error included).
-        Nothing is stored before the body is decided."""
-        store = self._writable()
+        Nothing is stored before the body is decided. Refused for room, it waits (`_with_room`);
+        its delays count from its arrival, as the reference path's do."""
         now = self.clock.now_ms()
+        return await self._with_room(lambda: self._produce_raw(topic, raw, as_json, now))
+
+    async def _produce_raw(self, topic: str, raw: bytes | bytearray, as_json: bool, now: int) -> bytes | None:
+        store = self._writable()
         cfg = self.cfg
         topic_b = topic.encode()
         args = (topic_b, now, store.next_seq, self._limits, cfg.max_batch, cfg.max_request_elements)

@@ -36,6 +36,8 @@ def test_tokens_from_file_are_never_shown(tmp_path):
     ({"listen": "nonsense"}, "listen"),
     ({"node_id": "a-b"}, "node_id"),
     ({"lookahead_ms": 9000}, "lookahead_ms"),
+    ({"backpressure_wait_ms": -1}, "backpressure_wait_ms"),
+    ({"backpressure_wait_ms": 60_001}, "backpressure_wait_ms"),
     ({"no_such_setting": 1}, "unknown settings"),
     ({"precision_ms": "fast"}, "bad setting"),
 ])

@@ -167,10 +167,11 @@ def test_keys_survive_kill9(tmp_path, lose_index):
 
 def test_keyed_produce_is_refused_for_now_while_the_key_index_is_behind(tmp_path):
     """Keys the key index has not written yet are held in memory: above `max_unwritten_keys` a
-    keyed produce is answered 429 (nothing stored) until the writes catch up; keyless goes on."""
+    keyed produce is answered 429 (nothing stored) until the writes catch up, once it has waited
+    `backpressure_wait_ms` for them; keyless goes on."""
     # No checkpoint within the test: the keys stay unwritten until the graceful stop writes them.
-    d = DaemonProcess(tmp_path / "data",
-                      config_text="checkpoint_interval_ms = 600000\nmax_unwritten_keys = 1000\n").start()
+    d = DaemonProcess(tmp_path / "data", config_text="checkpoint_interval_ms = 600000\nmax_unwritten_keys = 1000\n"
+                                                     "backpressure_wait_ms = 100\n").start()
     try:
         produce(d, "kb", [{"body": str(i), "key": f"b{i}", "delay_ms": 60_000} for i in range(1500)])
         for fmt in (JSON, MSGPACK):  # the reference path and the batch core's

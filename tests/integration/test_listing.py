@@ -158,11 +158,12 @@ def test_kill9_and_restart_rebuild_nothing_lost(tmp_path) -> None:
 
 def test_far_produce_is_refused_for_now_while_the_far_index_is_behind(tmp_path) -> None:
     """Far-index writes not yet in its database are held in memory: above `max_unwritten_far` a
-    produce holding a far message is answered 429 (nothing stored) until the writes catch up;
-    messages due within the window go on, and the listing stays whole."""
+    produce holding a far message is answered 429 (nothing stored) until the writes catch up, once
+    it has waited `backpressure_wait_ms` for them; messages due within the window go on, and the
+    listing stays whole."""
     # No checkpoint within the test: the far rows stay unwritten until the graceful stop writes them.
-    d = DaemonProcess(tmp_path / "data",
-                      config_text="checkpoint_interval_ms = 600000\nmax_unwritten_far = 1000\n").start()
+    d = DaemonProcess(tmp_path / "data", config_text="checkpoint_interval_ms = 600000\nmax_unwritten_far = 1000\n"
+                                                     "backpressure_wait_ms = 100\n").start()
     try:
         api = Api(d)
         now = now_ms()
