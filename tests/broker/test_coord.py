@@ -38,6 +38,7 @@ from delayd.broker.errors import NotPrimary, StaleIsr
 from delayd.broker.etcd import EtcdClient
 
 from tests.support.daemon import ROOT
+from tests.support.daemon import until as poll
 from tests.support.etcd import EtcdProcess
 from tests.support.tcpproxy import TcpProxy
 
@@ -48,12 +49,7 @@ WAIT_S = 15.0
 
 
 async def until(predicate: Callable[[], Any], timeout_s: float = WAIT_S, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout_s
-    while not (value := predicate()):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}")
-        await asyncio.sleep(0.005)
-    return value
+    return await poll(predicate, timeout_s, what, interval_s=0.005)
 
 
 def member_config(endpoint: str, prefix: str, name: str, ttl_ms: int = TTL_MS) -> ReplicationConfig:

@@ -5,20 +5,12 @@ again — also when no other primary released it meanwhile (a primary demoted an
 
 from __future__ import annotations
 
-import asyncio
-
 from delayd.broker.config import Config
 from delayd.broker.service import Broker
 from delayd.storage.msgtable import MessageState
 from delayd.storage.store import NewMessage
 
-
-async def wait_for(cond, timeout_s: float, what: str) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not cond():
-        assert loop.time() < deadline, what
-        await asyncio.sleep(0.01)
+from tests.support.daemon import until
 
 
 async def test_units_held_by_a_replaced_pipeline_are_released_by_the_next(tmp_path) -> None:
@@ -31,12 +23,12 @@ async def test_units_held_by_a_replaced_pipeline_are_released_by_the_next(tmp_pa
         produced = await broker.produce([NewMessage("t", b"m%d" % i, now + 1500 + 10 * i) for i in range(20)])
         seqs = [broker.parse_id(p.id) for p in produced]
         # Loaded ahead of time: the wheel's cursor passed their slots, dequeue-put holds them.
-        await wait_for(lambda: broker.pipeline.dequeue_put.holding == 20, 5, "the 20 were not loaded ahead")
+        await until(lambda: broker.pipeline.dequeue_put.holding == 20, 5, "the 20 loaded ahead")
         assert all(store.state(s)[0] == MessageState.SCHEDULED for s in seqs)
         await broker.switch_role(follower=True)  # demoted: this member releases nothing now
         await broker.switch_role(follower=False)  # elected again, nobody released them meanwhile
-        await wait_for(lambda: all(store.state(s)[0] == MessageState.DELIVERED for s in seqs), 10,
-                       "a message held by the replaced pipeline was never released")
+        await until(lambda: all(store.state(s)[0] == MessageState.DELIVERED for s in seqs), 10,
+                    "every message held by the replaced pipeline released")
         assert store.ready.end("t") == 20, "each released once"
     finally:
         await broker.stop()

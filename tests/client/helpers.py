@@ -9,6 +9,8 @@ from typing import Any
 
 from delayd.client import AsyncClient, Client, RetryPolicy
 
+from tests.support.daemon import until as until  # (re-exported: the client tests' name for it)
+
 # Retries in tests: same rules, tiny pauses, so a test of "503 then 200" takes milliseconds.
 FAST_RETRY = RetryPolicy(attempts=4, base_delay_ms=5, max_delay_ms=20)
 
@@ -33,19 +35,6 @@ class Either:
             await self.client.close()
         else:
             await asyncio.to_thread(self.client.close)
-
-
-async def until(predicate: Callable[[], Any], timeout_s: float = 10.0, what: str = "condition",
-                interval_s: float = 0.01) -> Any:
-    """Poll `predicate` (sync) until truthy; fail after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}")
-        await asyncio.sleep(interval_s)
 
 
 async def until_async(predicate: Callable[[], Awaitable[Any]], timeout_s: float = 10.0,

@@ -6,6 +6,7 @@ Waiting is always "poll until a condition, with a deadline" — never a fixed sl
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import random
@@ -75,6 +76,20 @@ def wait_until(predicate: Callable[[], Any], timeout_s: float = 10.0, interval_s
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}")
         time.sleep(interval_s)
+
+
+async def until(predicate: Callable[[], Any], timeout_s: float = 10.0, what: str = "condition",
+                interval_s: float = 0.01) -> Any:
+    """`wait_until` for a test running on an event loop: poll `predicate` (sync) until it returns
+    a truthy value, letting the loop run in between; fail after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}")
+        await asyncio.sleep(interval_s)
 
 
 STARTED: list[DaemonProcess] = []  # every daemon a test started; tests/conftest.py reaps leftovers
