@@ -706,6 +706,11 @@ class Pipeline:
                     t.cancel()
             await asyncio.gather(*self.tasks, return_exceptions=True)
         self.tasks.clear()
+        # What the stages took out of the wheel and did not release (loaded ahead, held until due)
+        # is walked again by whatever dequeues next: a pipeline started in this one's place (a
+        # replicated member that changes role, e.g. a primary demoted and elected again with no
+        # other primary releasing in between), as the next start's recovery does after a stop.
+        self.store.dispatch.rewind(self.inflight.read_time())
         return drained
 
     def depths(self) -> dict[str, int]:

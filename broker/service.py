@@ -219,11 +219,7 @@ class Broker:
         if self.pusher is not None:
             await self.pusher.stop()
             self.pusher = None
-        old = self.pipeline
-        await old.stop()
-        # What it had taken out of the wheel and not released is walked again by the next one (a
-        # primary demoted and elected again, with no other primary releasing it in between).
-        store.dispatch.rewind(old.inflight.read_time())
+        await self.pipeline.stop()  # (what it held unreleased is walked again by the next one)
         self.pipeline = self._new_pipeline(store, follower)
         if not follower:
             store.apply_releases()  # before this member releases anything itself
