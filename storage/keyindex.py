@@ -34,6 +34,10 @@ a key range of MERGE_SLICE rows at a time, each range rewriting only its own par
 A row in `recent` is newer than a row of the same pair in `keys` (which it replaces when it
 moves): lookups read both tables in one statement and take it; a release or an expiry that
 deletes a row of `recent` also deletes the pair's older row in `keys`; a move replaces it.
+Keys that arrive in order (growing order numbers, timestamps) need no move: a checkpoint's
+stretch of keys (key order, JSON_ROWS of them) under which neither table holds a row, from its
+first pair to its last, goes straight into `keys`, where it touches only the pages at that gap;
+none of its pairs is held anywhere, so no older row of one can be left behind (BENCHMARKS.md).
 
 Version history: 1 — original (`PRAGMA user_version`; `stored_version` reads it from the
 file header without opening the database, so a newer index is refused before anything is
@@ -296,6 +300,9 @@ PUT_JSON = ("INSERT OR REPLACE INTO recent (topic, key, seq, deliver_at, done_at
             f"CAST(substr(?3, {1 + NUMBER_DIGITS} + {2 * NUMBER_DIGITS} * key, {NUMBER_DIGITS}) AS INTEGER), "
             "NULL FROM json_each(?2)")
 JSON_ROWS = 8192  # rows a PUT_JSON statement (a key's text and 40 bytes of digits a row)
+PUT_GAP_JSON = PUT_JSON.replace("INTO recent", "INTO keys")
+# Whether either table holds a pair from (?1, ?2) to (?3, ?4): a search of each primary key.
+IN_GAP = "SELECT " + " OR ".join(f"EXISTS (SELECT 1 FROM {t} WHERE (topic, key) BETWEEN (?1, ?2) AND (?3, ?4))" for t in ("recent", "keys"))
 
 
 def has_json(db: sqlite3.Connection) -> bool:
@@ -647,7 +654,7 @@ class KeyIndex:
                 runs.append(arg)
                 rows[0] += len(arg[1]) - arg[1].count(None)
                 continue
-            self._put_runs(runs)  # before what comes after them
+            self._put_runs(runs, rows)  # before what comes after them
             runs = []
             if kind == "put":
                 put_rows(w, arg)
@@ -666,7 +673,7 @@ class KeyIndex:
                                      "WHERE done_at IS NOT NULL AND done_at < ?)", (arg,)).rowcount
                 for i, table in enumerate(TABLES):
                     rows[i] -= w.execute(f"DELETE FROM {table} WHERE done_at IS NOT NULL AND done_at < ?", (arg,)).rowcount
-        self._put_runs(runs)
+        self._put_runs(runs, rows)
         merge_from = self._merge(rows)
         w.execute("INSERT OR REPLACE INTO meta (name, value) VALUES ('commit_pos', ?)", (commit_pos,))
         w.commit()
@@ -693,13 +700,15 @@ class KeyIndex:
         rows[1] += moved
         return (str(end[0]), str(end[1])) if end else None
 
-    def _put_runs(self, runs: list[tuple[str, Sequence[str | None], int, Sequence[int]]]) -> None:
+    def _put_runs(self, runs: list[tuple[str, Sequence[str | None], int, Sequence[int]]], rows: list[int]) -> None:
         """Write the keys of consecutive runs in key order (`key_order`, which also lays their
         UTF-8 out in that order): as JSON text that SQLite's json_each reads (`key_rows_json`,
         made from that text without the GIL; SQLite then steps
         through a chunk of rows with the GIL let go), and the keys that cannot go that way
         (a NUL; every key where SQLite has no JSON functions) as bound parameters, taken from
-        the runs laid end to end by C-level iterators (no Python code per row)."""
+        the runs laid end to end by C-level iterators (no Python code per row). Into `recent`,
+        counted in `rows` (`apply`'s), except a stretch of keys that falls in a gap of both
+        tables (`_in_gap`): it goes straight into `keys` and is moved from `rows[0]` to `rows[1]`."""
         if not runs:
             return
         order, text, bounds = ops.key_order(runs, True) if self.json_rows else (ops.key_order(runs), b"", b"")
@@ -712,11 +721,17 @@ class KeyIndex:
                 dues.extend(d)
         if self.json_rows:  # a stretch of JSON_ROWS keys at a time: one statement's text in memory
             rest = []
+            starts = list(accumulate((len(run[1]) for run in runs[:-1]), initial=0))
             for i in range(0, len(order), 8 * JSON_ROWS):
-                chunks, nul = ops.key_rows_json(runs, order[i:i + 8 * JSON_ROWS], dues, JSON_ROWS,
-                                                text, bounds[i:i + 8 * JSON_ROWS + 8])
+                stretch, at = order[i:i + 8 * JSON_ROWS], bounds[i:i + 8 * JSON_ROWS + 8]
+                chunks, nul = ops.key_rows_json(runs, stretch, dues, JSON_ROWS, text, at)
+                gap = self._in_gap(runs, starts, stretch, text, at)
                 for chunk in chunks:
-                    self.writer.execute(PUT_JSON, chunk)
+                    self.writer.execute(PUT_GAP_JSON if gap else PUT_JSON, chunk)
+                if gap:
+                    moved = (len(stretch) - len(nul)) // 8
+                    rows[0] -= moved
+                    rows[1] += moved
                 rest.append(nul)
             order = b"".join(rest)
             if not order:
@@ -727,6 +742,16 @@ class KeyIndex:
         topics = list(chain.from_iterable(repeat(run[0], len(run[1])) for run in runs))
         put_rows(self.writer, zip(map(topics.__getitem__, at), map(keys.__getitem__, at),
                                   map(seqs.__getitem__, at), map(dues.__getitem__, at), strict=True))
+
+    def _in_gap(self, runs: list[tuple[str, Sequence[str | None], int, Sequence[int]]], starts: list[int],
+                stretch: bytes, text: bytes, bounds: bytes) -> bool:
+        """Whether no row of either table sorts between the first and the last pair of a stretch
+        of `key_order` (its places, and its bounds into `text`): then none of its pairs is held,
+        and its rows can go straight into `keys` (the module's docstring)."""
+        places, at = array("Q", stretch), array("Q", bounds)
+        first, last = (runs[bisect.bisect_right(starts, places[j]) - 1][0] for j in (0, -1))
+        pairs = (first, str(text[at[0]:at[1]], "utf-8"), last, str(text[at[-2]:at[-1]], "utf-8"))
+        return not self.writer.execute(IN_GAP, pairs).fetchone()[0]
 
     def applied(self) -> None:
         """The database now holds what `take_ops` handed out: drop that part of the overlay."""

@@ -100,24 +100,27 @@ def put(ki: KeyIndex, op: tuple, seq: int) -> tuple[list[tuple[str, str, int, in
     return [(t, k, seq + i, 100 + seq + i) for i, k in enumerate(keys) if k is not None], len(keys)
 
 
-@pytest.mark.parametrize(("params_per_statement", "merge"), [(4, None), (8, None), (keyindex.INSERT_PARAMS, None),
-                                                            (keyindex.INSERT_PARAMS, (1, 1)), (8, (2, 1)), (4, (3, 2))])
+@pytest.mark.parametrize(("params_per_statement", "merge", "stretch"), [
+    (4, None, keyindex.JSON_ROWS), (8, None, 1), (keyindex.INSERT_PARAMS, None, keyindex.JSON_ROWS),
+    (keyindex.INSERT_PARAMS, (1, 1), 2), (8, (2, 1), 1), (4, (3, 2), keyindex.JSON_ROWS)])
 @settings(max_examples=100, deadline=None, database=None, derandomize=True)
 @given(ops=OPS)
 def test_the_written_index_is_what_the_operations_say_in_their_order(ops: list[tuple], params_per_statement: int,
-                                                                    merge: tuple[int, int] | None) -> None:
+                                                                    merge: tuple[int, int] | None, stretch: int) -> None:
     """What `apply` writes, in whatever way it writes it: a later put of a key wins over an
     earlier one (in one INSERT of many rows, and across them), and a release, a delivery or an
     expiry sees exactly the puts queued before it. `merge` (MERGE_MIN, MERGE_SLICE): `recent`
     moves into `keys` after every few rows, a slice of a row or two each checkpoint, so that a
     pair's older row waits in `keys` while its newer one is in `recent`, and the two tables
-    together answer as the one table of the model, at every checkpoint."""
+    together answer as the one table of the model, at every checkpoint. `stretch` (JSON_ROWS):
+    a run's keys are written a key or two at a time, each stretch that falls in a gap of both
+    tables straight into `keys`, the others into `recent`."""
     model: dict[tuple[str, str], tuple[int, int, int | None]] = {}
     seq = 1
     with tempfile.TemporaryDirectory() as d:
         ki = KeyIndex(Path(d) / "keys.sqlite")
-        saved = keyindex.INSERT_PARAMS, keyindex.MERGE_MIN, keyindex.MERGE_SLICE, keyindex.MERGE_SCALE
-        keyindex.INSERT_PARAMS = params_per_statement
+        saved = keyindex.INSERT_PARAMS, keyindex.MERGE_MIN, keyindex.MERGE_SLICE, keyindex.MERGE_SCALE, keyindex.JSON_ROWS
+        keyindex.INSERT_PARAMS, keyindex.JSON_ROWS = params_per_statement, stretch
         if merge is not None:
             keyindex.MERGE_MIN, keyindex.MERGE_SLICE, keyindex.MERGE_SCALE = *merge, 0
         try:
@@ -149,7 +152,7 @@ def test_the_written_index_is_what_the_operations_say_in_their_order(ops: list[t
             assert rows_of(ki) == sorted((t, k, *v) for (t, k), v in model.items())
             assert unfiltered_answers(ki) == model
         finally:
-            keyindex.INSERT_PARAMS, keyindex.MERGE_MIN, keyindex.MERGE_SLICE, keyindex.MERGE_SCALE = saved
+            keyindex.INSERT_PARAMS, keyindex.MERGE_MIN, keyindex.MERGE_SLICE, keyindex.MERGE_SCALE, keyindex.JSON_ROWS = saved
             ki.close()
 
 
@@ -503,6 +506,43 @@ def test_a_pairs_older_row_in_keys_goes_with_its_newer_row_in_recent(tmp_path: P
         ki._filter = None  # (asked of the tables, not the filter)
         assert ki.lookup("t", "k") is None
         assert rows_of(ki) == []
+    finally:
+        ki.close()
+
+
+def test_keys_in_a_gap_of_both_tables_go_straight_into_keys_the_others_into_recent(tmp_path: Path,
+                                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keys that arrive in order skip `recent` and its move into `keys`: a checkpoint's stretch of
+    keys (JSON_ROWS, here 3) under which neither table holds a row goes into `keys`; a stretch
+    that a held pair falls in goes into `recent`, where a put of a pair held in `recent` must go
+    too (in `keys` it would answer under the older row), and the row counts that decide the move
+    follow them."""
+    monkeypatch.setattr(keyindex, "JSON_ROWS", 3)
+    ki = KeyIndex(tmp_path / "keys.sqlite")
+    if not ki.json_rows:
+        pytest.skip("an SQLite without JSON functions: every key is bound into `recent`")
+
+    def table(name: str) -> list[tuple[str, str, int]]:
+        return [r for r in ki.writer.execute(f"SELECT topic, key, seq FROM {name} ORDER BY topic, key")]
+    try:
+        ki.put_run("t", ["k10", "k11", "k12", "k13"], 1, [1, 2, 3, 4])  # stretches k10-k12, k13
+        ki.commit(4)
+        assert table("keys") == [("t", "k10", 1), ("t", "k11", 2), ("t", "k12", 3), ("t", "k13", 4)]
+        assert table("recent") == [] and ki._rows == [0, 4]
+        # In key order k115 k20 k21 (k12 and k13 lie between), then k30 k31 (a gap), and u's k10.
+        ki.put_run("t", ["k20", "k21", "k115", "k30", "k31"], 5, [5, 6, 7, 8, 9])
+        ki.put_run("u", ["k10"], 10, [10])
+        ki.put_many([("t", "k50", 11, 11)])  # (a single put: always into `recent`)
+        ki.commit(11)
+        assert table("recent") == [("t", "k115", 7), ("t", "k20", 5), ("t", "k21", 6), ("t", "k50", 11)]
+        assert table("keys")[-3:] == [("t", "k30", 8), ("t", "k31", 9), ("u", "k10", 10)]
+        assert ki._rows == [4, 7] == keyindex.table_rows(ki.writer)
+        ki.put_run("t", ["k50"], 12, [12])  # held in `recent` only
+        ki.commit(12)
+        assert ("t", "k50", 12) in table("recent") and all(r[1] != "k50" for r in table("keys"))
+        ki._filter = None  # (asked of the tables)
+        assert ki.lookup_many("t", ["k50", "k30", "k115"]) == {"k50": (12, 12, None), "k30": (8, 8, None),
+                                                               "k115": (7, 7, None)}
     finally:
         ki.close()
 
