@@ -1,9 +1,9 @@
 """Produce throughput with a key on every message vs. none, against one real daemon.
 
     .venv/bin/python -m bench.produce_keys_bench [--n 100000] [--rounds 3] [--connections 8] [--random-keys]
-    .venv/bin/python -m bench.produce_keys_bench --sustain 3000000
+    .venv/bin/python -m bench.produce_keys_bench --sustain 3000000 [--ordered-keys]
 
-`--sustain N`: N messages with random keys produced as fast as the daemon takes them (a 429's
+`--sustain N`: N messages with random keys (`--ordered-keys`: counting up) produced as fast as the daemon takes them (a 429's
 Retry-After honoured), the daemon's RSS sampled every 2 s: the sustained keyed rate, the batches
 refused, the peak RSS and how long the graceful stop then takes (it writes what is left).
 `--max-unwritten-keys` sets the daemon's bound on keys not yet in the key index.
@@ -90,6 +90,17 @@ def random_keyed(rng: random.Random) -> list[dict[str, Any]]:
     return [{"body": b"x" * 100, "delay_ms": 3_600_000, "key": f"{rng.getrandbits(64):016x}"} for _ in range(1000)]
 
 
+def ordered_keyed() -> Batch:
+    """Batches of keys in the order they are made (order-<n>, n counting up, zero-padded like an
+    id column's text): as an order service's ids arrive."""
+    made = [0]
+
+    def batch(rng: random.Random) -> list[dict[str, Any]]:
+        n, made[0] = made[0], made[0] + 1000
+        return [{"body": b"x" * 100, "delay_ms": 3_600_000, "key": f"order-{n + i:012d}"} for i in range(1000)]
+    return batch
+
+
 async def sustain_produce(url: str, n: int, connections: int, batch: Batch) -> tuple[float, int]:
     """(msg/s, batches refused) for n messages, `batch` making each request's 1,000."""
     rng = random.Random(7)
@@ -156,10 +167,14 @@ def main() -> None:
     ap.add_argument("--max-unwritten-keys", type=int, help="with --sustain: the daemon's bound (default its own)")
     ap.add_argument("--random-keys", action="store_true",
                     help="keys in no order (like UUIDs) instead of order-<round>-<batch>-<i>, which arrive sorted")
+    ap.add_argument("--ordered-keys", action="store_true", help="with --sustain: keys counting up instead of random")
     args = ap.parse_args()
     if args.sustain:
         config = f"max_unwritten_keys = {args.max_unwritten_keys}\n" if args.max_unwritten_keys else None
-        sustain(args.sustain, args.connections, config, random_keyed, "random keys")
+        if args.ordered_keys:
+            sustain(args.sustain, args.connections, config, ordered_keyed(), "ordered keys")
+        else:
+            sustain(args.sustain, args.connections, config, random_keyed, "random keys")
         return
     with tempfile.TemporaryDirectory() as tmp:
         d = DaemonProcess(Path(tmp) / "data").start()
