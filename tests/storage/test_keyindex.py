@@ -526,6 +526,7 @@ def test_keys_in_a_gap_of_both_tables_go_straight_into_keys_the_others_into_rece
     monkeypatch.setattr(keyindex, "JSON_ROWS", 3)
     ki = KeyIndex(tmp_path / "keys.sqlite")
     if not ki.json_rows:
+        ki.close()
         pytest.skip("an SQLite without JSON functions: every key is bound into `recent`")
 
     def table(name: str) -> list[tuple[str, str, int]]:
