@@ -310,6 +310,13 @@ class Replication:
             if drop or add:
                 await self._update_isr(drop, add)
 
+    def _watermark_moved(self) -> None:
+        """An ack or a change of the in-sync set: the writes waiting for it look again, and so
+        does the primary's enqueue-get, which indexes up to `watermark`."""
+        self._changed.set()
+        if self.broker.pipeline is not None:
+            self.broker.pipeline.appended.set()
+
     async def _update_isr(self, drop: set[str], add: set[str]) -> None:
         self._isr_busy = True  # no write is acknowledged while the set changes
         try:
@@ -332,9 +339,7 @@ class Replication:
                 log.warning("replication: in-sync set update failed: %s", e)
         finally:
             self._isr_busy = False
-            self._changed.set()
-            if self.broker.pipeline is not None:
-                self.broker.pipeline.appended.set()  # the watermark follows the in-sync set
+            self._watermark_moved()  # (it follows the in-sync set)
 
     # ------------------------------------------------------------------------------ primary: stream
     def log_grew(self) -> None:
@@ -413,9 +418,7 @@ class Replication:
                 if end > f.acked:
                     f.acked = end
                     f.last_ack_s = time.monotonic()
-                    self._changed.set()
-                    if self.broker.pipeline is not None:
-                        self.broker.pipeline.appended.set()  # the watermark moved
+                    self._watermark_moved()
 
     # ------------------------------------------------------------------------------ follower
     def _superseded(self) -> bool:
