@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import random
 import statistics
 import tempfile
@@ -93,10 +94,10 @@ def random_keyed(rng: random.Random) -> list[dict[str, Any]]:
 def ordered_keyed() -> Batch:
     """Batches of keys in the order they are made (order-<n>, n counting up, zero-padded like an
     id column's text): as an order service's ids arrive."""
-    made = [0]
+    firsts = itertools.count(0, 1000)
 
     def batch(rng: random.Random) -> list[dict[str, Any]]:
-        n, made[0] = made[0], made[0] + 1000
+        n = next(firsts)
         return [{"body": b"x" * 100, "delay_ms": 3_600_000, "key": f"order-{n + i:012d}"} for i in range(1000)]
     return batch
 

@@ -748,7 +748,7 @@ class KeyIndex:
         """Whether no row of either table sorts between the first and the last pair of a stretch
         of `key_order` (its places, and its bounds into `text`): then none of its pairs is held,
         and its rows can go straight into `keys` (the module's docstring)."""
-        places, at = array("Q", stretch), array("Q", bounds)
+        places, at = memoryview(stretch).cast("Q"), memoryview(bounds).cast("Q")  # (two numbers of each read)
         first, last = (runs[bisect.bisect_right(starts, places[j]) - 1][0] for j in (0, -1))
         pairs = (first, str(text[at[0]:at[1]], "utf-8"), last, str(text[at[-2]:at[-1]], "utf-8"))
         return not self.writer.execute(IN_GAP, pairs).fetchone()[0]
