@@ -17,6 +17,14 @@ keys' text) and `key_rows_json` a stretch of KeyIndex's JSON_ROWS keys at a time
 `--batches` runs of 1,000 random keys, in a thread beside a busy one (five rounds): the time the
 busy thread was kept off the GIL, counted from the gaps over 20 microseconds between its clock
 reads, and the functions' CPU, a key.
+
+    .venv/bin/python -m bench.keyindex_gil --scan [--batches 1000]
+
+`--scan`: a key filter's build (`FilterBuild.scan`) of an index of `--batches` thousand keys, in a
+thread beside a busy one, alternating the two ways it reads the keys (`scan_keys`): a chunk of
+4,096 as one JSON array (where SQLite has the JSON functions), and a row at a time (where not;
+every key read before the twenty-sixth session). Printed a key: the build's wall time and the
+time the busy thread was kept off a CPU.
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ from array import array
 from pathlib import Path
 
 from delayd.storage import keyindex
-from delayd.storage.keyindex import KeyIndex
+from delayd.storage.keyindex import FilterBuild, KeyIndex
 
 BATCH = 1000
 
@@ -110,12 +118,51 @@ def rows_beside_a_busy_thread(batches: int) -> None:
     print(f"median: kept off {statistics.median(kept):.0f} ns a key, CPU {statistics.median(used):.0f} ns a key ({n:,} keys)")
 
 
+def scan_beside_a_busy_thread(batches: int) -> None:
+    """`--scan`: a filter build over `batches` thousand keys beside a busy thread, both ways."""
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "k.sqlite"
+        ki = KeyIndex(path)
+        rng = random.Random(1)
+        try:
+            for b in range(batches):
+                ki.put_run("bench", [f"order-{rng.randrange(10**12)}" for _ in range(BATCH)], 1 + b * BATCH,
+                           array("q", range(BATCH)))
+                if b % 100 == 99 or b == batches - 1:
+                    ki.commit(b)
+        finally:
+            ki.close()
+        got: dict[str, list[tuple[float, float]]] = {"json": [], "rows": []}
+        for r in range(3):
+            for way in got:
+                build = FilterBuild(path, [], way == "json")
+                cpu0, wall0 = time.thread_time(), time.perf_counter()
+                thread = threading.Thread(target=build.scan)
+                thread.start()
+                while thread.is_alive():
+                    for _ in range(1000):
+                        pass
+                wall, cpu = time.perf_counter() - wall0, time.thread_time() - cpu0
+                assert build.result is not None
+                n = build.result.added
+                got[way].append((wall / n * 1e6, (wall - cpu) / n * 1e6))
+                print(f"round {r + 1}, {way}: the build {got[way][-1][0]:.2f} us a key, "
+                      f"the busy thread off a CPU {got[way][-1][1]:.2f} us a key ({n:,} keys)")
+    for way, rows in got.items():
+        print(f"median {way}: the build {statistics.median(w for w, _ in rows):.2f} us a key, "
+              f"busy thread off a CPU {statistics.median(o for _, o in rows):.2f} us a key")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batches", type=int, default=200, help="put_runs of 1,000 keys a write")
     ap.add_argument("--rows", action="store_true", help="only key_order and key_rows_json, beside a busy thread")
+    ap.add_argument("--scan", action="store_true", help="a key filter's build beside a busy thread, both ways")
     args = ap.parse_args()
+    if args.scan:
+        scan_beside_a_busy_thread(args.batches)
+        return
     if args.rows:
         rows_beside_a_busy_thread(args.batches)
         return

@@ -336,6 +336,31 @@ def delivery_order(rows: list[tuple[int, str, str, int]]) -> list[tuple[int, str
 
 SCAN_CHUNK = 4096
 TABLES = ("recent", "keys")  # the newer first
+# A chunk of a topic's keys in key order as one JSON array, and its last key: the first chunk
+# (`after` empty), then those after ?2 (a search of the primary key: an OR with "?2 IS NULL"
+# made it read the topic from its first key for every chunk).
+SCAN_JSON = ("SELECT json_group_array(key), max(key) FROM (SELECT key FROM {table} WHERE topic = ?1{after} "
+             "ORDER BY key LIMIT {n})")
+
+
+def scan_keys(db: sqlite3.Connection, table: str, topic: str, as_json: bool) -> Iterable[list[str]]:
+    """Every key of `topic` in `table`, SCAN_CHUNK keys at a time (within the caller's transaction).
+    As JSON, a chunk is one statement's step: Python's sqlite3 gives the GIL up and takes it back
+    around every step, and read a row at a time a build waits for the GIL again after every key
+    while the event loop is busy. Beside a thread running Python without a pause, a build read
+    that way took 60 µs a key and kept the other thread off its CPU 1.1 µs a key; as JSON, 2.3 µs
+    and 0.15 (`bench.keyindex_gil --scan`, BENCHMARKS.md, twenty-sixth session; idle, 0.45 µs a
+    key either way). One-column rows (without JSON) cost half of what (topic, key) rows do."""
+    if not as_json:
+        cur = db.execute(f"SELECT key FROM {table} WHERE topic = ?", (topic,))
+        while rows := cur.fetchmany(SCAN_CHUNK):
+            yield [r[0] for r in rows]
+        return
+    chunk, last = db.execute(SCAN_JSON.format(table=table, n=SCAN_CHUNK, after=""), (topic,)).fetchone()
+    sql = SCAN_JSON.format(table=table, n=SCAN_CHUNK, after=" AND key > ?2")
+    while last is not None:
+        yield json.loads(chunk)
+        chunk, last = db.execute(sql, (topic, last)).fetchone()
 
 
 def table_rows(db: sqlite3.Connection) -> list[int]:
@@ -367,9 +392,10 @@ class FilterBuild:
     (a put reaches the database only after its overlay entry exists, and leaves the overlay only
     once the database holds it), so the filter lacks none of them."""
 
-    def __init__(self, path: Path, recorded: list[tuple[str, Sequence[str | None]]]) -> None:
+    def __init__(self, path: Path, recorded: list[tuple[str, Sequence[str | None]]], as_json: bool) -> None:
         self.path = path
         self.recorded = recorded
+        self.as_json = as_json  # read the keys as JSON (`scan_keys`): where SQLite has json_group_array
         self.result: KeyFilter | None = None
         self.failed = False
         self.stop = False
@@ -394,14 +420,12 @@ class FilterBuild:
             db.execute("BEGIN")
             n = sum(table_rows(db))
             f = KeyFilter(GROWTH * (n + sum(len(keys) for _, keys in self.recorded)))
-            # A topic at a time: one-column rows cost half of what (topic, key) rows and grouping do.
             for table in TABLES:
                 for (topic,) in db.execute(f"SELECT DISTINCT topic FROM {table}").fetchall():
-                    cur = db.execute(f"SELECT key FROM {table} WHERE topic = ?", (topic,))
-                    while rows := cur.fetchmany(SCAN_CHUNK):
+                    for keys in scan_keys(db, table, topic, self.as_json):
                         if self.stop:
                             return
-                        f.add(topic, [r[0] for r in rows])
+                        f.add(topic, keys)
             self.result = f
         except Exception as e:  # a damaged index: lookups stay correct without the filter
             log.warning("key filter not built (%s); every key is looked up in the index", e)
@@ -437,7 +461,7 @@ class KeyIndex:
             self.db.close()
             raise
         self.writer = self._connect(cache_kib)
-        self.json_rows = has_json(self.writer)  # `_put_runs` writes keys as JSON text
+        self.json_rows = has_json(self.writer)  # `_put_runs` writes keys as JSON text, a build reads them so
         # Rows of `recent` and of `keys` (counted by the first `apply`, then kept: an estimate,
         # a replaced row counted as new), and where the move of `recent` into `keys` is (the
         # pair the next slice starts at; None: no move under way).
@@ -584,7 +608,7 @@ class KeyIndex:
 
     def _start_build(self) -> None:
         recorded: list[tuple[str, Sequence[str | None]]] = [*self._current.keys(), *self._flushing.keys()]
-        self._build = FilterBuild(self.path, recorded)
+        self._build = FilterBuild(self.path, recorded, self.json_rows)
         self._build.start()
 
     def _install_finished(self) -> None:

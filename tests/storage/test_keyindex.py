@@ -436,6 +436,51 @@ def test_a_finished_build_is_installed_by_puts_alone(tmp_path: Path, monkeypatch
         ki.close()
 
 
+SCANNED = {("recent", "a"): ["a\x00b", "k1", "k3"], ("keys", "a"): ["\x00", "a\x00", "a\x00b", "k2", "é", "𝄞", "\u2028"],
+           ("keys", "b"): [f"k{i:02}" for i in range(7)], ("recent", "c"): ['q"', "back\\", "\n\t\r\b\f", "\x01\x1f\x7f"]}
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, keyindex.SCAN_CHUNK])
+def test_a_build_scans_every_key_of_every_topic_in_both_tables(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               chunk: int) -> None:
+    """A build reads each topic's keys a chunk at a time, each after the last key of the one
+    before: as JSON where SQLite has it, as rows where not, the same keys in the same order
+    (odd keys, keys at a chunk's edges, a pair in both tables, a topic in one table only)."""
+    monkeypatch.setattr(keyindex, "SCAN_CHUNK", chunk)
+    monkeypatch.setattr(FilterBuild, "start", lambda self: None)  # this test runs the scans itself
+    path = tmp_path / "keys.sqlite"
+    KeyIndex(path).close()
+    with sqlite3.connect(path) as db:
+        for (table, topic), keys in SCANNED.items():
+            db.executemany(f"INSERT INTO {table} (topic, key, seq, deliver_at) VALUES (?, ?, 1, 1)",
+                           [(topic, k) for k in keys])
+    db.close()
+    db = keyindex.connect(path, 2048)
+    try:
+        db.execute("BEGIN")
+        assert keyindex.has_json(db)  # built in since 3.38: the JSON form is the one that runs
+        for (table, topic), keys in SCANNED.items():
+            for as_json in (True, False):
+                chunks = list(keyindex.scan_keys(db, table, topic, as_json))
+                assert [k for c in chunks for k in c] == sorted(keys)  # (code points order as UTF-8 bytes do)
+                assert [len(c) for c in chunks] == [chunk] * (len(keys) // chunk) + [len(keys) % chunk] * bool(len(keys) % chunk)
+    finally:
+        db.close()
+    ki = KeyIndex(path)
+    try:
+        assert ki._build is not None and ki._build.as_json  # a build reads keys as the index writes them
+        for as_json in (True, False):
+            build = FilterBuild(path, [], as_json)
+            build.scan()
+            assert build.result is not None
+            for topic in "abc":
+                held = sorted({k for (_, t), keys in SCANNED.items() if t == topic for k in keys})
+                assert build.result.maybe(topic, held) == held
+            assert build.result.added == sum(map(len, SCANNED.values()))
+    finally:
+        ki.close()
+
+
 def test_reset_forgets_the_filter_too(tmp_path: Path) -> None:
     held_index(tmp_path / "keys.sqlite", ["old"])
     ki = KeyIndex(tmp_path / "keys.sqlite")
