@@ -23,8 +23,8 @@ reads, and the functions' CPU, a key.
 `--scan`: a key filter's build (`FilterBuild.scan`) of an index of `--batches` thousand keys, in a
 thread beside a busy one, alternating the two ways it reads the keys (`scan_keys`): a chunk of
 4,096 as one JSON array (where SQLite has the JSON functions), and a row at a time (where not;
-every key read before the twenty-sixth session). Printed a key: the build's wall time and the
-time the busy thread was kept off a CPU.
+every key read before the twenty-sixth session). Printed a key: each way's build alone first,
+then beside the busy thread the build's wall time and the time the busy thread was kept off a CPU.
 """
 
 from __future__ import annotations
@@ -133,6 +133,12 @@ def scan_beside_a_busy_thread(batches: int) -> None:
         finally:
             ki.close()
         got: dict[str, list[tuple[float, float]]] = {"json": [], "rows": []}
+        for way in got:
+            build = FilterBuild(path, [], way == "json")
+            wall0 = time.perf_counter()
+            build.scan()
+            assert build.result is not None
+            print(f"alone, {way}: the build {(time.perf_counter() - wall0) / build.result.added * 1e6:.2f} us a key")
         for r in range(3):
             for way in got:
                 build = FilterBuild(path, [], way == "json")
