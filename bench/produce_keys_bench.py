@@ -172,10 +172,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.sustain:
         config = f"max_unwritten_keys = {args.max_unwritten_keys}\n" if args.max_unwritten_keys else None
-        if args.ordered_keys:
-            sustain(args.sustain, args.connections, config, ordered_keyed(), "ordered keys")
-        else:
-            sustain(args.sustain, args.connections, config, random_keyed, "random keys")
+        batch, what = (ordered_keyed(), "ordered keys") if args.ordered_keys else (random_keyed, "random keys")
+        sustain(args.sustain, args.connections, config, batch, what)
         return
     with tempfile.TemporaryDirectory() as tmp:
         d = DaemonProcess(Path(tmp) / "data").start()

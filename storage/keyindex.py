@@ -262,6 +262,7 @@ _compiled = native.compiled()
 ops: Any = _compiled if _compiled is not None else sys.modules[__name__]
 
 Op = tuple[str, Any]
+TABLES = ("recent", "keys")  # the newer first
 PUT = "INSERT OR REPLACE INTO recent (topic, key, seq, deliver_at, done_at) VALUES "
 PUT_ROW = "(?, ?, ?, ?, NULL)"
 # Parameters one INSERT of many rows carries at most (under the 999 of SQLite before 3.32).
@@ -302,7 +303,7 @@ PUT_JSON = ("INSERT OR REPLACE INTO recent (topic, key, seq, deliver_at, done_at
 JSON_ROWS = 8192  # rows a PUT_JSON statement (a key's text and 40 bytes of digits a row)
 PUT_GAP_JSON = PUT_JSON.replace("INTO recent", "INTO keys")
 # Whether either table holds a pair from (?1, ?2) to (?3, ?4): a search of each primary key.
-IN_GAP = "SELECT " + " OR ".join(f"EXISTS (SELECT 1 FROM {t} WHERE (topic, key) BETWEEN (?1, ?2) AND (?3, ?4))" for t in ("recent", "keys"))
+IN_GAP = "SELECT " + " OR ".join(f"EXISTS (SELECT 1 FROM {t} WHERE (topic, key) BETWEEN (?1, ?2) AND (?3, ?4))" for t in TABLES)
 
 
 def has_json(db: sqlite3.Connection) -> bool:
@@ -335,7 +336,6 @@ def delivery_order(rows: list[tuple[int, str, str, int]]) -> list[tuple[int, str
 
 
 SCAN_CHUNK = 4096
-TABLES = ("recent", "keys")  # the newer first
 # A chunk of a topic's keys in key order as one JSON array, and its last key: the first chunk
 # (`after` empty), then those after ?2 (a search of the primary key: an OR with "?2 IS NULL"
 # made it read the topic from its first key for every chunk).
