@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import EllipsisType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from delayd.broker import codec, errors
 from delayd.broker.clock import Clock
@@ -96,10 +96,13 @@ ROOM_POLL_S = 0.05  # how often a produce refused for room tries again (Config.b
 T = TypeVar("T")
 
 
-def repeats(named: list[str], maybe: list[str] | None) -> bool:
-    """Whether a key repeats in `named`; `maybe`: keys among which any that repeats is (None: not known)."""
+def repeats(named: Sequence[str], maybe: list[str] | None) -> bool:
+    """Whether a key repeats in `named`; `maybe`: keys among which any that repeats is (None: not known).
+    `named` a produce's Keys (storage/batch_keyseq.c): asked of it, without a str a key."""
     if maybe is not None and len(maybe) <= REPEAT_COUNTS:
         return any(named.count(k) > 1 for k in set(maybe))
+    if not isinstance(named, list):
+        return bool(named.repeats())  # type: ignore[attr-defined]
     return len(set(named)) != len(named)
 
 
@@ -540,14 +543,15 @@ class Broker:
         if store.far.unwritten > self.cfg.max_unwritten_far and last_due() > now + self.cfg.roll_window_ms:
             raise errors.Backpressure("the far-future index is behind; retry shortly", retry_after_s=1)
 
-    def _keyed(self, store: Store, topic: str, keys: list[str | None], replace: list[bool], now: int,
+    def _keyed(self, store: Store, topic: str, keys: Sequence[str | None], replace: list[bool], now: int,
                claim: bool = False) -> _Keyed:
         """Which messages of a keyed batch are stored, and what the others answer (see `produce`).
         `claim`: the stored ones are put next, with no other put between (KeyIndex.claim_many)."""
         out = _Keyed()
         in_batch: dict[str, int] = {}
-        # Keys are never empty, so filter(None, ...) leaves out exactly the Nones (and compares nothing).
-        named = list(filter(None, keys))
+        # Keys are never empty, so filter(None, ...) leaves out exactly the Nones (and compares nothing);
+        # a batch of keys only is asked as it is (a produce body's: storage.batch Keys, no str a key).
+        named = cast("Sequence[str]", keys) if not keys.count(None) else list(filter(None, keys))
         out.named = len(named)
         holders, maybe = store.claim_holders(topic, named) if claim else (store.key_holders(topic, named), None)
         if not holders and not repeats(named, maybe):  # the usual batch: new keys, none repeated

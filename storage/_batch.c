@@ -15,8 +15,9 @@
  *
  * The code is split by pipeline stage: batch_produce.c (produce), batch_timer.c (enqueue-get,
  * enqueue-put, dequeue-get, dequeue-get-message), batch_release.c (dequeue-put and the batch
- * counters), batch_pull.c (pull and ack), batch_keys.c (the key filter, the key index's write order),
- * batch_sync.c (the group commit's fsync thread) and batch_util.c (CRC, buffers, maps, spans, UTF-8),
+ * counters), batch_pull.c (pull and ack), batch_keyseq.c (a batch's keys, packed), batch_keys.c
+ * (the key filter, the key index's write order), batch_sync.c (the group commit's fsync thread)
+ * and batch_util.c (CRC, buffers, maps, spans, UTF-8),
  * sharing batch_core.h. This file is the module table and its initialisation, and PyInit__batch
  * is the one symbol the shared object exports.
  */
@@ -67,15 +68,19 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_batch", "delayd's c
 PyMODINIT_FUNC PyInit__batch(void) {
     crc_init();
     if (batch_produce_init() < 0) return NULL;
-    if (PyType_Ready(&WalkerType) < 0 || PyType_Ready(&DueHeapType) < 0 || PyType_Ready(&SyncerType) < 0) return NULL;
+    if (PyType_Ready(&WalkerType) < 0 || PyType_Ready(&DueHeapType) < 0 || PyType_Ready(&SyncerType) < 0 ||
+        PyType_Ready(&KeysType) < 0)
+        return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
     Py_INCREF(&WalkerType);
     Py_INCREF(&DueHeapType);
     Py_INCREF(&SyncerType);
+    Py_INCREF(&KeysType);
     if (PyModule_AddObject(m, "Walker", (PyObject *)&WalkerType) < 0 ||
         PyModule_AddObject(m, "DueHeap", (PyObject *)&DueHeapType) < 0 ||
         PyModule_AddObject(m, "Syncer", (PyObject *)&SyncerType) < 0 ||
+        PyModule_AddObject(m, "Keys", (PyObject *)&KeysType) < 0 ||
         PyModule_AddIntConstant(m, "MROW", MROW) < 0 || PyModule_AddIntConstant(m, "DROW", DROW) < 0 ||
         PyModule_AddIntConstant(m, "UROW", UROW) < 0 || PyModule_AddIntConstant(m, "PROW", PROW) < 0 || PyModule_AddIntConstant(m, "RECORD_HEADER", RECORD_HEADER) < 0 ||
         PyModule_AddIntConstant(m, "UNIT_SIZE", UNIT_SIZE) < 0 || PyModule_AddIntConstant(m, "ENTRY_SIZE", ENTRY_SIZE) < 0 ||

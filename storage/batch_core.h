@@ -372,6 +372,28 @@ BATCH_HIDDEN PyObject *parse_receipts_raw(PyObject *self, PyObject *args);
 BATCH_HIDDEN PyObject *take_rows(PyObject *self, PyObject *args);
 
 /* ------------------------------------------------------------------------------------------ */
+/* a batch's keys, packed (batch_keyseq.c, its byte table there)                               */
+
+#define KEY_NONE UINT32_MAX  /* an entry's len: the message has no key */
+typedef struct {
+    uint32_t at, len;  /* the key's UTF-8: text[at:at + len] */
+    Py_hash_t hash;    /* hash() of the key's str */
+} KeyEntry;
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t n, named;  /* entries; of them keys (not None) */
+    KeyEntry *e;
+    char *text;
+} Keys;
+BATCH_HIDDEN extern PyTypeObject KeysType;
+/* n entries, every one None, and room for text_len bytes of keys; NULL with an error set */
+BATCH_HIDDEN Keys *keys_new(Py_ssize_t n, size_t text_len);
+/* entry i: the key s (valid UTF-8) copied to text[at:at + len], hashed; 0, or -1 with an error set */
+BATCH_HIDDEN int keys_set(Keys *k, Py_ssize_t i, const char *s, uint32_t len, uint32_t at);
+BATCH_HIDDEN PyObject *keys_item(const Keys *k, Py_ssize_t i);  /* new reference: str or None */
+static inline int keys_check(PyObject *o) { return Py_IS_TYPE(o, &KeysType); }
+
+/* ------------------------------------------------------------------------------------------ */
 /* the key filter and the key index's write order (batch_keys.c)                              */
 
 BATCH_HIDDEN PyObject *filter_add(PyObject *self, PyObject *args);

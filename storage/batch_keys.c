@@ -1,4 +1,7 @@
 /*
+ * Every function here takes a batch's keys as a list or tuple of str or None, or as Keys (a
+ * produce batch's keys packed, batch_keyseq.c), whose keys are read without a str each.
+ *
  * The key filter's three batch functions (specified by storage/keyfilter.py, the reference, with
  * its byte table): filter_add, filter_maybe and filter_claim over a blocked Bloom filter held in a
  * bytearray.
@@ -22,6 +25,31 @@ static inline uint64_t kf_mix(uint64_t z) {
     return z ^ (z >> 31);
 }
 
+/* Keys given as a list or tuple, or as Keys: how many (a list's size can change while its keys
+ * are hashed, so it is asked each time), whether key i is None, and its hash. */
+static inline Py_ssize_t ks_len(PyObject *keys) {
+    return keys_check(keys) ? ((Keys *)keys)->n : PySequence_Fast_GET_SIZE(keys);
+}
+
+static inline int ks_none(PyObject *keys, Py_ssize_t i) {
+    return keys_check(keys) ? ((Keys *)keys)->e[i].len == KEY_NONE : PySequence_Fast_GET_ITEM(keys, i) == Py_None;
+}
+
+/* 1 and the hash of key i; 0: None; -1: an error is set (a key that cannot be hashed). */
+static inline int ks_hash(PyObject *keys, Py_ssize_t i, Py_hash_t *h) {
+    if (keys_check(keys)) {
+        const KeyEntry *e = &((Keys *)keys)->e[i];
+        *h = e->hash;
+        return e->len != KEY_NONE;
+    }
+    PyObject *key = PySequence_Fast_GET_ITEM(keys, i);
+    if (key == Py_None) return 0;
+    Py_INCREF(key);
+    *h = PyObject_Hash(key);
+    Py_DECREF(key);
+    return *h == -1 ? -1 : 1;
+}
+
 /* The filter's bytes (held as a writable export: the bytearray cannot be resized meanwhile), the
  * topic's part of every pair's hash, and the keys as a fast sequence. */
 typedef struct {
@@ -34,8 +62,8 @@ typedef struct {
  * pairs' hashes and a reference to the keys (the filter's bits are left alone). */
 static int kf_keys(PyObject *topic, PyObject *keys, KfArgs *a) {
     if (!PyUnicode_Check(topic)) { PyErr_SetString(PyExc_TypeError, "topic: expected a str"); return -1; }
-    if (!PyList_Check(keys) && !PyTuple_Check(keys)) {
-        PyErr_SetString(PyExc_TypeError, "keys: expected a list or a tuple");
+    if (!PyList_Check(keys) && !PyTuple_Check(keys) && !keys_check(keys)) {
+        PyErr_SetString(PyExc_TypeError, "keys: expected a list, a tuple or Keys");
         return -1;
     }
     Py_hash_t th = PyObject_Hash(topic);
@@ -81,41 +109,58 @@ static inline void kf_places(const KfArgs *a, Py_hash_t kh, uint64_t place[KF_PR
 
 /* Keys are taken KF_AHEAD at a time: their blocks are hashed and prefetched first, then read or
  * set, so the cache misses of a batch's random blocks overlap instead of coming one by one. Each
- * key of a group is held until its group is done (a key's __hash__ may change the list). */
+ * key of a list is held until its group is done (a key's __hash__ may change the list). */
 #define KF_AHEAD 16
 
 typedef struct {
     uint64_t place[KF_AHEAD][KF_PROBES];
-    PyObject *key[KF_AHEAD];  /* held; NULL: None, no block */
+    PyObject *key[KF_AHEAD];  /* a list's key, held; NULL: one of Keys, or None */
+    Py_ssize_t at[KF_AHEAD];  /* the key's place; -1: None, no block */
     Py_ssize_t n;             /* keys of the group */
     int failed;               /* an error is set (a hash, or filter_maybe's append): stop after the group */
 } KfAhead;
 
-/* Hash and prefetch keys [i, i + KF_AHEAD) of the filter's keys, as many as the list holds (its
+/* Hash and prefetch keys [i, i + KF_AHEAD) of the filter's keys, as many as there are (a list's
  * size is asked before each). */
 static void kf_ahead(const KfArgs *a, Py_ssize_t i, KfAhead *h, int write) {
     const uint8_t *bits = a->bits.view.buf;
     h->n = 0;
     h->failed = 0;
-    while (h->n < KF_AHEAD && i + h->n < PySequence_Fast_GET_SIZE(a->keys)) {
-        PyObject *key = PySequence_Fast_GET_ITEM(a->keys, i + h->n);
-        if (key == Py_None) {
-            h->key[h->n++] = NULL;
-            continue;
+    while (h->n < KF_AHEAD && i + h->n < ks_len(a->keys)) {
+        Py_ssize_t at = i + h->n;
+        Py_hash_t kh;
+        h->key[h->n] = NULL;
+        if (keys_check(a->keys)) {
+            if (!ks_hash(a->keys, at, &kh)) {
+                h->at[h->n++] = -1;
+                continue;
+            }
+        } else {
+            PyObject *key = PySequence_Fast_GET_ITEM(a->keys, at);
+            if (key == Py_None) {
+                h->at[h->n++] = -1;
+                continue;
+            }
+            Py_INCREF(key);
+            kh = PyObject_Hash(key);
+            if (kh == -1) {
+                Py_DECREF(key);
+                h->failed = 1;
+                return;
+            }
+            h->key[h->n] = key;
         }
-        Py_INCREF(key);
-        Py_hash_t kh = PyObject_Hash(key);
-        if (kh == -1) {
-            Py_DECREF(key);
-            h->failed = 1;
-            return;
-        }
-        h->key[h->n] = key;
+        h->at[h->n] = at;
         uint64_t *place = h->place[h->n++];
         kf_places(a, kh, place);
         if (write) __builtin_prefetch(bits + (place[0] >> 3), 1);
         else __builtin_prefetch(bits + (place[0] >> 3), 0);
     }
+}
+
+/* Key j of a group, a new reference (a str). */
+static PyObject *kf_key(const KfArgs *a, const KfAhead *h, Py_ssize_t j) {
+    return h->key[j] ? Py_NewRef(h->key[j]) : keys_item((Keys *)a->keys, h->at[j]);
 }
 
 static void kf_drop(KfAhead *h) {
@@ -129,10 +174,10 @@ PyObject *filter_add(PyObject *self, PyObject *args) {
     uint8_t *bits = a.bits.view.buf;
     long long n = 0;
     KfAhead h;
-    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(a.keys); i += KF_AHEAD) {
+    for (Py_ssize_t i = 0; i < ks_len(a.keys); i += KF_AHEAD) {
         kf_ahead(&a, i, &h, 1);
         for (Py_ssize_t j = 0; j < h.n; j++) {  /* the keys before a failed one are added, as one by one */
-            if (!h.key[j]) continue;
+            if (h.at[j] < 0) continue;
             for (int k = 0; k < KF_PROBES; k++) bits[h.place[j][k] >> 3] |= (uint8_t)(1u << (h.place[j][k] & 7));
             n++;
         }
@@ -150,13 +195,17 @@ PyObject *filter_maybe(PyObject *self, PyObject *args) {
     PyObject *out = PyList_New(0);
     if (!out) { kf_close(&a); return NULL; }
     KfAhead h;
-    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(a.keys); i += KF_AHEAD) {
+    for (Py_ssize_t i = 0; i < ks_len(a.keys); i += KF_AHEAD) {
         kf_ahead(&a, i, &h, 0);
         for (Py_ssize_t j = 0; j < h.n && !h.failed; j++) {
-            if (!h.key[j]) continue;
+            if (h.at[j] < 0) continue;
             int all = 1;
             for (int k = 0; k < KF_PROBES && all; k++) all = (bits[h.place[j][k] >> 3] >> (h.place[j][k] & 7)) & 1;
-            if (all && PyList_Append(out, h.key[j]) < 0) h.failed = 1;
+            if (all) {
+                PyObject *key = kf_key(&a, &h, j);
+                if (!key || PyList_Append(out, key) < 0) h.failed = 1;
+                Py_XDECREF(key);
+            }
         }
         kf_drop(&h);
         if (h.failed) {
@@ -181,11 +230,11 @@ PyObject *filter_claim(PyObject *self, PyObject *args) {
     long long n = 0;
     int failed = 0;
     KfAhead h;
-    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(a.keys) && !failed; i += KF_AHEAD) {
+    for (Py_ssize_t i = 0; i < ks_len(a.keys) && !failed; i += KF_AHEAD) {
         kf_ahead(&a, i, &h, 1);
         failed = h.failed;
         for (Py_ssize_t j = 0; j < h.n; j++) {
-            if (!h.key[j]) continue;
+            if (h.at[j] < 0) continue;
             int all = 1;
             for (int k = 0; k < KF_PROBES; k++) {
                 uint8_t *byte = bits + (h.place[j][k] >> 3), mask = (uint8_t)(1u << (h.place[j][k] & 7));
@@ -193,7 +242,12 @@ PyObject *filter_claim(PyObject *self, PyObject *args) {
                 *byte |= mask;
             }
             n++;
-            if (all && PyList_Append(out, h.key[j]) < 0) { failed = 1; break; }
+            if (all) {
+                PyObject *key = kf_key(&a, &h, j);
+                int bad = !key || PyList_Append(out, key) < 0;
+                Py_XDECREF(key);
+                if (bad) { failed = 1; break; }
+            }
         }
         kf_drop(&h);
     }
@@ -264,7 +318,7 @@ PyObject *overlay_put(PyObject *self, PyObject *args) {
     if (entry < 0 || entry >= 0xFFFFFFFFll) { PyErr_SetString(PyExc_ValueError, "entry: out of range"); return NULL; }
     KfArgs a;
     if (ov_keys(topic, keys, &a) < 0) return NULL;
-    if (start < 0 || start > PySequence_Fast_GET_SIZE(keys) || PySequence_Fast_GET_SIZE(keys) > 0xFFFFFFFFll) {
+    if (start < 0 || start > ks_len(keys) || ks_len(keys) > 0xFFFFFFFFll) {
         PyErr_SetString(PyExc_ValueError, "start: out of range");
         kf_close(&a);
         return NULL;
@@ -274,19 +328,17 @@ PyObject *overlay_put(PyObject *self, PyObject *args) {
     uint64_t mask = t.nslots - 1, used = t.used;
     Py_ssize_t i = start;
     int failed = 0;
-    while (!failed && used < t.room && i < PySequence_Fast_GET_SIZE(a.keys)) {
+    while (!failed && used < t.room && i < ks_len(a.keys)) {
         uint64_t z[OV_AHEAD];
         Py_ssize_t at[OV_AHEAD];
         int n = 0;
         Py_ssize_t next = i;
         /* hash a group (no more keys than the room left), prefetching each one's first slot */
-        while (n < OV_AHEAD && used + (uint64_t)n < t.room && next < PySequence_Fast_GET_SIZE(a.keys)) {
-            PyObject *key = PySequence_Fast_GET_ITEM(a.keys, next);
-            if (key == Py_None) { next++; continue; }
-            Py_INCREF(key);
-            Py_hash_t kh = PyObject_Hash(key);
-            Py_DECREF(key);
-            if (kh == -1) { failed = 1; break; }
+        while (n < OV_AHEAD && used + (uint64_t)n < t.room && next < ks_len(a.keys)) {
+            Py_hash_t kh;
+            int got = ks_hash(a.keys, next, &kh);
+            if (got == 0) { next++; continue; }
+            if (got < 0) { failed = 1; break; }
             z[n] = kf_pair(&a, kh);
             at[n++] = next++;
             __builtin_prefetch(t.slots + ((z[n - 1] >> 32) & mask) * OV_SLOT, 1);
@@ -313,8 +365,8 @@ PyObject *overlay_put(PyObject *self, PyObject *args) {
     kf_close(&a);
     if (failed) return NULL;
     /* the room ran out: the place of the next key (None skipped, as the reference does) */
-    Py_ssize_t len = PySequence_Fast_GET_SIZE(keys);
-    while (i < len && PySequence_Fast_GET_ITEM(keys, i) == Py_None) i++;
+    Py_ssize_t len = ks_len(keys);
+    while (i < len && ks_none(keys, i)) i++;
     return PyLong_FromSsize_t(i);
 }
 
@@ -330,13 +382,11 @@ PyObject *overlay_find(PyObject *self, PyObject *args) {
     if (ov_open(to, &t) < 0) { kf_close(&a); return NULL; }
     PyObject *out = PyList_New(0);
     uint64_t mask = t.nslots - 1;
-    for (Py_ssize_t i = 0; out && i < PySequence_Fast_GET_SIZE(a.keys); i++) {
-        PyObject *key = PySequence_Fast_GET_ITEM(a.keys, i);
-        if (key == Py_None) continue;
-        Py_INCREF(key);
-        Py_hash_t kh = PyObject_Hash(key);
-        Py_DECREF(key);
-        if (kh == -1) { Py_CLEAR(out); break; }
+    for (Py_ssize_t i = 0; out && i < ks_len(a.keys); i++) {
+        Py_hash_t kh;
+        int got = ks_hash(a.keys, i, &kh);
+        if (got == 0) continue;
+        if (got < 0) { Py_CLEAR(out); break; }
         uint64_t z = kf_pair(&a, kh), s = (z >> 32) & mask;
         for (uint64_t probes = 0; probes < t.nslots; probes++, s = (s + 1) & mask) {
             const uint8_t *slot = t.slots + s * OV_SLOT;
@@ -481,8 +531,8 @@ static int check_run(PyObject *run, Py_ssize_t r, int64_t *first) {
         PyErr_Format(PyExc_TypeError, "run %zd: topic must be a str", r);
         return -1;
     }
-    if (!PyList_Check(keys) && !PyTuple_Check(keys)) {
-        PyErr_Format(PyExc_TypeError, "run %zd: keys must be a list or a tuple", r);
+    if (!PyList_Check(keys) && !PyTuple_Check(keys) && !keys_check(keys)) {
+        PyErr_Format(PyExc_TypeError, "run %zd: keys must be a list, a tuple or Keys", r);
         return -1;
     }
     if (!first) return 0;
@@ -491,7 +541,7 @@ static int check_run(PyObject *run, Py_ssize_t r, int64_t *first) {
     int overflow = 0;
     long long s = PyLong_AsLongLongAndOverflow(seq, &overflow);
     if (s == -1 && PyErr_Occurred()) return -1;
-    if (overflow || s < 0 || s > INT64_MAX - (long long)PySequence_Fast_GET_SIZE(keys)) {
+    if (overflow || s < 0 || s > INT64_MAX - (long long)ks_len(keys)) {
         PyErr_Format(PyExc_ValueError, "run %zd: sequence numbers out of range", r);
         return -1;
     }
@@ -512,7 +562,7 @@ PyObject *key_order(PyObject *self, PyObject *args) {
     for (Py_ssize_t r = 0; r < nruns; r++) {
         PyObject *run = PyList_GET_ITEM(runs, r);
         if (check_run(run, r, NULL) < 0) return NULL;
-        n += PySequence_Fast_GET_SIZE(PyTuple_GET_ITEM(run, 1));
+        n += ks_len(PyTuple_GET_ITEM(run, 1));
     }
     if (n > (Py_ssize_t)UINT32_MAX || nruns > (Py_ssize_t)UINT32_MAX) {
         PyErr_SetString(PyExc_OverflowError, "more than 2**32 keys or runs");
@@ -527,15 +577,23 @@ PyObject *key_order(PyObject *self, PyObject *args) {
     for (Py_ssize_t r = 0; r < nruns; r++) {
         PyObject *run = PyList_GET_ITEM(runs, r), *keys = PyTuple_GET_ITEM(run, 1);
         if (!PyUnicode_AsUTF8(PyTuple_GET_ITEM(run, 0))) goto done;  /* a lone surrogate: UnicodeEncodeError */
-        PyObject **items = PySequence_Fast_ITEMS(keys);
-        for (Py_ssize_t i = 0, len = PySequence_Fast_GET_SIZE(keys); i < len; i++, place++) {
-            PyObject *key = items[i];
-            if (key == Py_None) continue;
-            if (!PyUnicode_Check(key)) {
-                PyErr_Format(PyExc_TypeError, "run %zd, key %zd: expected a str or None", r, i);
-                goto done;
+        const Keys *packed = keys_check(keys) ? (const Keys *)keys : NULL;
+        for (Py_ssize_t i = 0, len = ks_len(keys); i < len; i++, place++) {
+            const char *utf8;
+            if (packed) {
+                const KeyEntry *e = &packed->e[i];
+                if (e->len == KEY_NONE) continue;
+                utf8 = packed->text + e->at;
+                k[m].key_len = (Py_ssize_t)e->len;
+            } else {
+                PyObject *key = PySequence_Fast_ITEMS(keys)[i];
+                if (key == Py_None) continue;
+                if (!PyUnicode_Check(key)) {
+                    PyErr_Format(PyExc_TypeError, "run %zd, key %zd: expected a str or None", r, i);
+                    goto done;
+                }
+                utf8 = PyUnicode_AsUTF8AndSize(key, &k[m].key_len);
             }
-            const char *utf8 = PyUnicode_AsUTF8AndSize(key, &k[m].key_len);
             if (!utf8 || out_reserve(&copy, (size_t)k[m].key_len) < 0) goto done;
             memcpy(copy.p + copy.n, utf8, (size_t)k[m].key_len);
             k[m].at = copy.n;
@@ -775,7 +833,7 @@ PyObject *key_rows_json(PyObject *self, PyObject *args) {
         rn[r].topic = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(run, 0), &rn[r].topic_len);
         if (!rn[r].topic) goto done;  /* not encodable (a lone surrogate): UnicodeEncodeError */
         rn[r].start = n;
-        n += PySequence_Fast_GET_SIZE(PyTuple_GET_ITEM(run, 1));
+        n += ks_len(PyTuple_GET_ITEM(run, 1));
     }
     if (buf_get(dues_o, &dues, 0, "dues") < 0) goto done;
     if (dues.view.len != 8 * n) {

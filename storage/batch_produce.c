@@ -230,8 +230,8 @@ static PyObject *encode_items(const Item *its, Py_ssize_t n, const uint8_t *topi
  * Otherwise (records, sizes, deliver_at, keys, replace): the MESSAGE records of the selected
  * items (all items when `select` is None; an array of u32 item indexes otherwise) with seqs
  * first_seq, first_seq+1, ..., each CONTINUED but the last; their sizes (u32 each); every item's
- * due time (i64 each); keys (a list of str|None per item, or None if no item has a key) and
- * replace (a list of bool per item, or None if none asks to replace). */
+ * due time (i64 each); keys (a Keys of str|None per item, batch_keyseq.c, or None if no item has
+ * a key) and replace (a list of bool per item, or None if none asks to replace). */
 PyObject *encode_produce(PyObject *self, PyObject *args) {
     PyObject *items, *topic_o, *limits_o, *select_o;
     long long now_ms, first_seq;
@@ -301,14 +301,18 @@ static PyObject *encode_items(const Item *its, Py_ssize_t n, const uint8_t *topi
     }
     uint8_t *dp = (uint8_t *)PyBytes_AS_STRING(dues);
     for (Py_ssize_t i = 0; i < n; i++) wri64(dp + 8 * i, its[i].deliver_at);
-    if (any_key) {
+    if (any_key) {  /* (a key is at most 65,535 bytes of valid UTF-8: parse_item, parse_raw_item) */
+        size_t text = 0;
+        for (Py_ssize_t i = 0; i < n; i++) text += its[i].key ? (size_t)its[i].key_len : 0;
+        Keys *packed = keys_new(n, text);
+        if (!packed) goto done;
         Py_DECREF(keys);
-        keys = PyList_New(n);
-        if (!keys) goto done;
+        keys = (PyObject *)packed;
+        uint32_t at = 0;
         for (Py_ssize_t i = 0; i < n; i++) {
-            PyObject *kv = its[i].key ? PyUnicode_DecodeUTF8(its[i].key, its[i].key_len, "strict") : (Py_INCREF(Py_None), Py_None);
-            if (!kv) goto done;
-            PyList_SET_ITEM(keys, i, kv);
+            if (!its[i].key) continue;
+            if (keys_set(packed, i, its[i].key, (uint32_t)its[i].key_len, at) < 0) goto done;
+            at += (uint32_t)its[i].key_len;
         }
     }
     if (any_replace) {

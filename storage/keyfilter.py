@@ -154,7 +154,7 @@ class KeyFilter:
         self.added += n
         return n
 
-    def maybe(self, topic: str, keys: list[str]) -> list[str]:
+    def maybe(self, topic: str, keys: Sequence[str]) -> list[str]:
         return ops.filter_maybe(self.bits, topic, keys)
 
     def claim(self, topic: str, keys: Sequence[str | None]) -> tuple[list[str], int]:

@@ -133,7 +133,8 @@ def overlay_find(table: bytearray, topic: str, keys: Sequence[Any]) -> list[tupl
 
 class Run:
     """A produce batch's keys (KeyIndex.put_run): message first_seq + i holds keys[i] (None:
-    no key), due dues[i]."""
+    no key), due dues[i]. `keys` as the produce gave them: from the batch core, packed
+    (storage/batch_keyseq.c `Keys`: a str is made only for a key asked for)."""
 
     __slots__ = ("topic", "keys", "first_seq", "dues")
 

@@ -327,12 +327,12 @@ class Store:
         """(seq, state, deliver_at, done_at) of the message holding `key` now, or None."""
         return self.key_holders(topic, [key]).get(key)
 
-    def key_holders(self, topic: str, keys: list[str]) -> dict[str, tuple[int, MessageState, int, int | None]]:
+    def key_holders(self, topic: str, keys: Sequence[str]) -> dict[str, tuple[int, MessageState, int, int | None]]:
         """Holders of many keys with one index query. The state comes from the message table, so
         a stale index entry cannot mislead."""
         return self._holding(self.keys.lookup_many(topic, keys))
 
-    def claim_holders(self, topic: str, keys: list[str]) -> tuple[dict[str, tuple[int, MessageState, int, int | None]], list[str] | None]:
+    def claim_holders(self, topic: str, keys: Sequence[str]) -> tuple[dict[str, tuple[int, MessageState, int, int | None]], list[str] | None]:
         """key_holders for a produce's keys, claimed in the same pass (KeyIndex.claim_many), and
         the keys among which any that repeats in `keys` is (None: not known)."""
         found, maybe = self.keys.claim_many(topic, keys)

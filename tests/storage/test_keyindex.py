@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from delayd.storage import keyfilter, keyindex, overlay
+from delayd.storage.farindex import FarIndex
 from delayd.storage.keyindex import FilterBuild, KeyIndex
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -632,6 +633,37 @@ def test_a_version_1_index_is_read_as_it_is_and_marked_version_2(tmp_path: Path)
             time.sleep(0.01)
         assert ki._filter is not None and ki._filter.maybe("t", ["old", "new"]) == ["old", "new"]
         assert ki.lookup_many("t", ["old", "new", "none"]) == {"old": (7, 70, None), "new": (8, 80, None)}
+    finally:
+        ki.close()
+
+
+def test_a_new_index_has_big_pages_and_one_made_with_small_pages_keeps_them(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new index (keys or far) is made with PAGE_SIZE pages; an index made with SQLite's 4 KiB
+    pages (every index before them) keeps them, and is read and written as before."""
+    def page_size(db: sqlite3.Connection) -> int:
+        return int(db.execute("PRAGMA page_size").fetchone()[0])
+
+    ki, far = KeyIndex(tmp_path / "new-keys.sqlite"), FarIndex(tmp_path / "new-far.sqlite")
+    try:
+        assert page_size(ki.db) == page_size(ki.writer) == page_size(far.db) == keyindex.PAGE_SIZE > 4096
+    finally:
+        ki.close()
+        far.close()
+    path = tmp_path / "keys.sqlite"
+    with monkeypatch.context() as m:
+        m.setattr(keyindex, "PAGE_SIZE", 4096)
+        ki = KeyIndex(path)
+        ki.put_many([("t", "old", 7, 70)])
+        ki.commit(5)
+        ki.close()
+    ki = KeyIndex(path)
+    try:
+        assert page_size(ki.db) == page_size(ki.writer) == 4096
+        ki.put_run("t", ["new", None], 8, array("q", [80, 90]))
+        ki.commit(6)
+        assert ki.lookup_many("t", ["old", "new", "none"]) == {"old": (7, 70, None), "new": (8, 80, None)}
+        assert ki.commit_pos == 6 and ki.count() == 2
     finally:
         ki.close()
 
