@@ -75,7 +75,7 @@ SQLITE_USER_VERSION_AT = 60  # the file header's user_version: a big-endian u32 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 # A new index's page size: a checkpoint's write of keys costs its thread about a fifth less CPU
 # a key with 16 KiB pages than with SQLite's 4 KiB (fewer pages, each its header, WAL frame and
-# copy back), a single-key lookup that misses the cache about a tenth more (BENCHMARKS.md).
+# copy back), a lookup that finds its key (a bigger page read) about a tenth more (BENCHMARKS.md).
 PAGE_SIZE = 16384
 
 
