@@ -49,7 +49,7 @@ BATCH = 1000
 # (owner, attribute, label, depth): the calls a produce makes that a key adds to, each under the
 # one before it of a smaller depth. Depth 0 parts are disjoint: "rest" is the round's CPU outside them.
 PARTS: list[tuple[Any, str, str, int]] = [
-    (batch.ops, "encode_produce_raw", "encode_produce_raw (the body to records, keys to str)", 0),
+    (batch.ops, "encode_produce_raw", "encode_produce_raw (the body read: records, keys packed)", 0),
     (Broker, "_keyed", "Broker._keyed (which messages are stored)", 0),
     (KeyIndex, "claim_many", "KeyIndex.claim_many", 1),
     (KeyFilter, "claim", "KeyFilter.claim (the filter's pass)", 2),
