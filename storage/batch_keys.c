@@ -129,27 +129,19 @@ static void kf_ahead(const KfArgs *a, Py_ssize_t i, KfAhead *h, int write) {
     while (h->n < KF_AHEAD && i + h->n < ks_len(a->keys)) {
         Py_ssize_t at = i + h->n;
         Py_hash_t kh;
-        h->key[h->n] = NULL;
-        if (keys_check(a->keys)) {
-            if (!ks_hash(a->keys, at, &kh)) {
-                h->at[h->n++] = -1;
-                continue;
-            }
-        } else {
-            PyObject *key = PySequence_Fast_GET_ITEM(a->keys, at);
-            if (key == Py_None) {
-                h->at[h->n++] = -1;
-                continue;
-            }
-            Py_INCREF(key);
-            kh = PyObject_Hash(key);
-            if (kh == -1) {
-                Py_DECREF(key);
+        PyObject *held = keys_check(a->keys) ? NULL : Py_NewRef(PySequence_Fast_GET_ITEM(a->keys, at));
+        int got = ks_hash(a->keys, at, &kh);
+        if (got <= 0) {
+            Py_XDECREF(held);
+            if (got < 0) {
                 h->failed = 1;
                 return;
             }
-            h->key[h->n] = key;
+            h->key[h->n] = NULL;
+            h->at[h->n++] = -1;
+            continue;
         }
+        h->key[h->n] = held;
         h->at[h->n] = at;
         uint64_t *place = h->place[h->n++];
         kf_places(a, kh, place);

@@ -8,8 +8,9 @@
  * reference code).
  *
  * To Python, Keys is an immutable sequence of str or None (len, [i], iteration, count, == against
- * a list, a tuple or Keys; and `repeats()`, whether a key is there twice, without a str a key): equal, key for key, to the list the reference (storage/batch.py) gives; tests/storage/test_batch_differential.py
- * and tests/storage/test_keyseq.py check both. `Keys(iterable)` packs any keys (tests, the
+ * a list, a tuple or Keys; and `repeats()`, whether a key is there twice, without a str a key):
+ * equal, key for key, to the list the reference (storage/batch.py) gives;
+ * tests/storage/test_batch_differential.py and tests/storage/test_keyseq.py check both. `Keys(iterable)` packs any keys (tests, the
  * reference's keys). In memory (never stored), an entry a key:
  *
  *     field  type       meaning
@@ -132,28 +133,33 @@ static PyObject *Keys_item(Keys *k, Py_ssize_t i) {
     return keys_item(k, i);
 }
 
-static int key_equals(const Keys *k, Py_ssize_t i, PyObject *x);
+/* A value as a key to compare with: 1 and its UTF-8 (s NULL: None), or 0 when it equals no key and
+ * not None (not a str, or a lone surrogate, which has no UTF-8 as every key has). */
+static int as_key(PyObject *x, const char **s, Py_ssize_t *len) {
+    *s = NULL;
+    *len = 0;
+    if (x == Py_None) return 1;
+    if (!PyUnicode_Check(x)) return 0;
+    *s = PyUnicode_AsUTF8AndSize(x, len);
+    if (!*s) PyErr_Clear();
+    return *s != NULL;
+}
+
+/* Entry i is the key s (NULL: None). */
+static inline int key_is(const Keys *k, Py_ssize_t i, const char *s, Py_ssize_t len) {
+    const KeyEntry *e = &k->e[i];
+    if (e->len == KEY_NONE || !s) return e->len == KEY_NONE && !s;
+    return e->len == (uint64_t)len && memcmp(k->text + e->at, s, (size_t)len) == 0;
+}
 
 /* count(x): how many keys equal x (None: the messages without a key), as list.count answers. */
 static PyObject *Keys_count(Keys *k, PyObject *x) {
-    Py_ssize_t c = 0;
-    if (x == Py_None) return PyLong_FromSsize_t(k->n - k->named);
-    for (Py_ssize_t i = 0; i < k->n; i++) c += key_equals(k, i, x);
+    const char *s;
+    Py_ssize_t len, c = 0;
+    if (!as_key(x, &s, &len)) return PyLong_FromSsize_t(0);
+    if (!s) return PyLong_FromSsize_t(k->n - k->named);
+    for (Py_ssize_t i = 0; i < k->n; i++) c += key_is(k, i, s, len);
     return PyLong_FromSsize_t(c);
-}
-
-/* Key i equals x: both None, or x a str of the same UTF-8; -1 with an error set. */
-static int key_equals(const Keys *k, Py_ssize_t i, PyObject *x) {
-    const KeyEntry *e = &k->e[i];
-    if (e->len == KEY_NONE || x == Py_None) return e->len == KEY_NONE && x == Py_None;
-    if (!PyUnicode_Check(x)) return 0;
-    Py_ssize_t len;
-    const char *s = PyUnicode_AsUTF8AndSize(x, &len);
-    if (!s) {  /* a lone surrogate: no key, which is UTF-8, equals it */
-        PyErr_Clear();
-        return 0;
-    }
-    return e->len == (uint64_t)len && memcmp(k->text + e->at, s, (size_t)len) == 0;
 }
 
 /* == and != against Keys, a list or a tuple: the same keys in the same order (as a list of them
@@ -161,17 +167,17 @@ static int key_equals(const Keys *k, Py_ssize_t i, PyObject *x) {
 static PyObject *Keys_richcompare(Keys *k, PyObject *other, int op) {
     if ((op != Py_EQ && op != Py_NE) || !(keys_check(other) || PyList_Check(other) || PyTuple_Check(other)))
         Py_RETURN_NOTIMPLEMENTED;
-    int eq;
-    if (keys_check(other)) {
-        const Keys *o = (const Keys *)other;
-        eq = o->n == k->n;
-        for (Py_ssize_t i = 0; eq && i < k->n; i++)
-            eq = o->e[i].len == k->e[i].len &&
-                 (k->e[i].len == KEY_NONE || memcmp(o->text + o->e[i].at, k->text + k->e[i].at, k->e[i].len) == 0);
-    } else {
-        eq = PySequence_Fast_GET_SIZE(other) == k->n;
-        for (Py_ssize_t i = 0; eq && i < k->n; i++)  /* (key_equals runs no Python code: the list stays) */
-            eq = key_equals(k, i, PySequence_Fast_GET_ITEM(other, i));
+    const Keys *o = keys_check(other) ? (const Keys *)other : NULL;
+    int eq = (o ? o->n : PySequence_Fast_GET_SIZE(other)) == k->n;
+    for (Py_ssize_t i = 0; eq && i < k->n; i++) {  /* (as_key runs no Python code: a list stays as it is) */
+        const char *s = NULL;
+        Py_ssize_t len = 0;
+        if (o) {
+            if (o->e[i].len != KEY_NONE) s = o->text + o->e[i].at, len = (Py_ssize_t)o->e[i].len;
+            eq = key_is(k, i, s, len);
+        } else {
+            eq = as_key(PySequence_Fast_GET_ITEM(other, i), &s, &len) && key_is(k, i, s, len);
+        }
     }
     return PyBool_FromLong(op == Py_EQ ? eq : !eq);
 }
