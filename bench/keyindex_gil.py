@@ -22,8 +22,9 @@ reads, and the functions' CPU, a key.
 
 `--scan`: a key filter's build (`FilterBuild.scan`) of an index of `--batches` thousand keys, in a
 thread beside a busy one, alternating the two ways it reads the keys (`scan_keys`): a chunk of
-4,096 as one JSON array (where SQLite has the JSON functions), and a row at a time (where not;
-every key read before the twenty-sixth session). Printed a key: each way's build alone first,
+SCAN_CHUNK as the bytes of one JSON array, which the compiled `filter_add_json` reads without the
+GIL (where SQLite has the JSON functions), and a row at a time (where not; every key read before
+the twenty-sixth session). Printed a key: each way's build alone first,
 then beside the busy thread the build's wall time and the time the busy thread was kept off a CPU.
 """
 

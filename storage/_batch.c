@@ -16,7 +16,8 @@
  * The code is split by pipeline stage: batch_produce.c (produce), batch_timer.c (enqueue-get,
  * enqueue-put, dequeue-get, dequeue-get-message), batch_release.c (dequeue-put and the batch
  * counters), batch_pull.c (pull and ack), batch_keyseq.c (a batch's keys, packed), batch_keys.c
- * (the key filter, the key index's write order), batch_sync.c (the group commit's fsync thread)
+ * (the key filter, the key index's overlay), batch_keyrows.c (the key index's write order and
+ * rows), batch_sync.c (the group commit's fsync thread)
  * and batch_util.c (CRC, buffers, maps, spans, UTF-8),
  * sharing batch_core.h. This file is the module table and its initialisation, and PyInit__batch
  * is the one symbol the shared object exports.
@@ -54,6 +55,7 @@ static PyMethodDef methods[] = {
     {"encode_produced", encode_produced, METH_VARARGS, "the answer of a produce"},
     {"read_plan", read_plan, METH_VARARGS, "the stretches of the log to read for records"},
     {"filter_add", filter_add, METH_VARARGS, "add keys of a topic to the key filter"},
+    {"filter_add_json", filter_add_json, METH_VARARGS, "add the keys of a JSON array of strings to the key filter"},
     {"filter_maybe", filter_maybe, METH_VARARGS, "the keys of a topic the key filter may hold"},
     {"filter_claim", filter_claim, METH_VARARGS, "filter_maybe and filter_add in one pass"},
     {"overlay_put", overlay_put, METH_VARARGS, "keys of an entry into a key index overlay table"},

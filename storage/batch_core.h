@@ -393,14 +393,44 @@ BATCH_HIDDEN int keys_set(Keys *k, Py_ssize_t i, const char *s, uint32_t len, ui
 BATCH_HIDDEN PyObject *keys_item(const Keys *k, Py_ssize_t i);  /* new reference: str or None */
 static inline int keys_check(PyObject *o) { return Py_IS_TYPE(o, &KeysType); }
 
+/* Keys given as a list or tuple, or as Keys: how many (a list's size can change while its keys
+ * are hashed, so it is asked each time), whether key i is None, and its hash. */
+static inline Py_ssize_t ks_len(PyObject *keys) {
+    return keys_check(keys) ? ((Keys *)keys)->n : PySequence_Fast_GET_SIZE(keys);
+}
+
+static inline int ks_none(PyObject *keys, Py_ssize_t i) {
+    return keys_check(keys) ? ((Keys *)keys)->e[i].len == KEY_NONE : PySequence_Fast_GET_ITEM(keys, i) == Py_None;
+}
+
+/* 1 and the hash of key i; 0: None; -1: an error is set (a key that cannot be hashed). */
+static inline int ks_hash(PyObject *keys, Py_ssize_t i, Py_hash_t *h) {
+    if (keys_check(keys)) {
+        const KeyEntry *e = &((Keys *)keys)->e[i];
+        *h = e->hash;
+        return e->len != KEY_NONE;
+    }
+    PyObject *key = PySequence_Fast_GET_ITEM(keys, i);
+    if (key == Py_None) return 0;
+    Py_INCREF(key);
+    *h = PyObject_Hash(key);
+    Py_DECREF(key);
+    return *h == -1 ? -1 : 1;
+}
+
 /* ------------------------------------------------------------------------------------------ */
-/* the key filter and the key index's write order (batch_keys.c)                              */
+/* the key filter and the key index's overlay (batch_keys.c)                                  */
 
 BATCH_HIDDEN PyObject *filter_add(PyObject *self, PyObject *args);
+BATCH_HIDDEN PyObject *filter_add_json(PyObject *self, PyObject *args);
 BATCH_HIDDEN PyObject *filter_maybe(PyObject *self, PyObject *args);
 BATCH_HIDDEN PyObject *filter_claim(PyObject *self, PyObject *args);
 BATCH_HIDDEN PyObject *overlay_put(PyObject *self, PyObject *args);
 BATCH_HIDDEN PyObject *overlay_find(PyObject *self, PyObject *args);
+
+/* ------------------------------------------------------------------------------------------ */
+/* the key index's write order and rows (batch_keyrows.c)                                     */
+
 BATCH_HIDDEN PyObject *key_order(PyObject *self, PyObject *args);
 BATCH_HIDDEN PyObject *key_rows_json(PyObject *self, PyObject *args);
 

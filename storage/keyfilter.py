@@ -25,13 +25,14 @@ between processes, which is why the filter is never stored). The block is
 `(w >> (9 * i)) & 511`, for i in 0..PROBES-1, bit n of a block being bit (n & 7) of its byte
 n >> 3. `mix` is the splitmix64 finaliser.
 
-The functions come twice, like the batch core: compiled (`filter_add`, `filter_maybe`,
-`filter_claim` in storage/batch_keys.c, module delayd.storage._batch) and here in Python as the
-reference; tests/storage/test_keyfilter.py checks both give the same bits and answers.
+The functions come twice, like the batch core: compiled (`filter_add`, `filter_add_json`,
+`filter_maybe`, `filter_claim` in storage/batch_keys.c, module delayd.storage._batch) and here in
+Python as the reference; tests/storage/test_keyfilter.py checks both give the same bits and answers.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -104,6 +105,20 @@ def filter_add(bits: bytearray, topic: str, keys: Sequence[Any]) -> int:
     return n
 
 
+def filter_add_json(bits: bytearray, topic: str, chunk: bytes) -> int:
+    """filter_add of the keys in `chunk`, a JSON array of strings in UTF-8, as SQLite's
+    json_group_array writes the key index's keys (a filter's build reads them so); the number
+    added. A chunk that is not such an array: ValueError, and nothing added. The compiled one
+    makes no str for a key of ASCII without an escape, and sets the bits without the GIL."""
+    _checked(bits, topic, [])
+    if not isinstance(chunk, bytes):
+        raise TypeError("chunk: expected bytes")
+    keys = json.loads(chunk.decode())  # (UnicodeDecodeError and JSONDecodeError are ValueErrors)
+    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+        raise ValueError("chunk: not a JSON array of strings")
+    return filter_add(bits, topic, keys)
+
+
 def filter_maybe(bits: bytearray, topic: str, keys: Sequence[Any]) -> list[Any]:
     """The keys (in order, None left out) whose pair may have been added; for every other key
     the pair certainly was not."""
@@ -151,6 +166,12 @@ class KeyFilter:
     def add(self, topic: str, keys: Sequence[str | None]) -> int:
         """Add the pairs; how many keys were added (those not None)."""
         n: int = ops.filter_add(self.bits, topic, keys)
+        self.added += n
+        return n
+
+    def add_json(self, topic: str, chunk: bytes) -> int:
+        """Add the pairs of the keys in `chunk`, a JSON array of strings (`filter_add_json`)."""
+        n: int = ops.filter_add_json(self.bits, topic, chunk)
         self.added += n
         return n
 

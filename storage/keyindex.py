@@ -146,7 +146,7 @@ def key_order(runs: list[tuple[Any, ...]], text: bool = False) -> Any:
     a random page each (BENCHMARKS.md). With `text`: (that order, the keys' UTF-8 laid end to
     end in that order, and the bounds of each key in it: n + 1 u64s, key i is
     text[bounds[i]:bounds[i + 1]]), which `key_rows_json` reads instead of the strs. The
-    reference of the compiled `key_order` (storage/batch_keys.c), which sorts and copies the
+    reference of the compiled `key_order` (storage/batch_keyrows.c), which sorts and copies the
     keys without holding the GIL: the event loop must not wait for a checkpoint's sort."""
     if not isinstance(runs, list):
         raise TypeError("runs: expected a list")
@@ -202,7 +202,7 @@ def key_rows_json(runs: list[tuple[Any, ...]], order: bytes, dues: Any, limit: i
     2 x NUMBER_DIGITS x i with substr. A key holding a NUL is left out (SQLite's JSON functions
     cut a string at it) and its place returned, as u64s, for `put_rows` to bind. Of the runs only
     the topics, first seqs and sizes are read, never a key: a checkpoint's keys can be written
-    a stretch at a time, and the compiled `key_rows_json` (storage/batch_keys.c), of which this
+    a stretch at a time, and the compiled `key_rows_json` (storage/batch_keyrows.c), of which this
     is the reference, makes every row without the GIL: the checkpoint's thread holds it for the
     runs and the result only, instead of binding four parameters a key (or reading a str a key),
     and the event loop does not wait for it (BENCHMARKS.md)."""
@@ -341,16 +341,22 @@ def delivery_order(rows: list[tuple[int, str, str, int]]) -> list[tuple[int, str
     return [flat[p] for p in array("Q", ops.key_order(runs))]
 
 
-SCAN_CHUNK = 4096
-# A chunk of a topic's keys in key order as one JSON array, and its last key: the first chunk
-# (`after` empty), then those after ?2 (a search of the primary key: an OR with "?2 IS NULL"
-# made it read the topic from its first key for every chunk).
-SCAN_JSON = ("SELECT json_group_array(key), max(key) FROM (SELECT key FROM {table} WHERE topic = ?1{after} "
+# Keys a chunk of a filter's build. Each chunk takes the GIL back twice (after SQLite's step and
+# after the filter's pass), and beside an event loop busy with Python each time waits out a switch
+# interval (5 ms): a build of 300,000 keys took 3.7 µs a key in chunks of 4,096, 1.6 in chunks of
+# 16,384 (BENCHMARKS.md, twenty-eighth session).
+SCAN_CHUNK = 16384
+# A chunk of a topic's keys in key order as one JSON array (its UTF-8 bytes), and its last key: the
+# first chunk (`after` empty), then those after ?2 (a search of the primary key: an OR with
+# "?2 IS NULL" made it read the topic from its first key for every chunk).
+SCAN_JSON = ("SELECT CAST(json_group_array(key) AS BLOB), max(key) FROM (SELECT key FROM {table} WHERE topic = ?1{after} "
              "ORDER BY key LIMIT {n})")
 
 
-def scan_keys(db: sqlite3.Connection, table: str, topic: str, as_json: bool) -> Iterable[list[str]]:
-    """Every key of `topic` in `table`, SCAN_CHUNK keys at a time (within the caller's transaction).
+def scan_keys(db: sqlite3.Connection, table: str, topic: str, as_json: bool) -> Iterable[list[str] | bytes]:
+    """Every key of `topic` in `table`, SCAN_CHUNK keys at a time (within the caller's transaction):
+    a chunk is a list of the keys, or as JSON the bytes of a JSON array of them, for
+    `KeyFilter.add_json` (which reads it without a str a key and sets the bits without the GIL).
     As JSON, a chunk is one statement's step: Python's sqlite3 gives the GIL up and takes it back
     around every step, and read a row at a time a build waits for the GIL again after every key
     while the event loop is busy. Beside a thread running Python without a pause, a build read
@@ -365,7 +371,7 @@ def scan_keys(db: sqlite3.Connection, table: str, topic: str, as_json: bool) -> 
     chunk, last = db.execute(SCAN_JSON.format(table=table, n=SCAN_CHUNK, after=""), (topic,)).fetchone()
     sql = SCAN_JSON.format(table=table, n=SCAN_CHUNK, after=" AND key > ?2")
     while last is not None:
-        yield json.loads(chunk)
+        yield chunk
         chunk, last = db.execute(sql, (topic, last)).fetchone()
 
 
@@ -431,7 +437,10 @@ class FilterBuild:
                     for keys in scan_keys(db, table, topic, self.as_json):
                         if self.stop:
                             return
-                        f.add(topic, keys)
+                        if isinstance(keys, bytes):
+                            f.add_json(topic, keys)
+                        else:
+                            f.add(topic, keys)
             self.result = f
         except Exception as e:  # a damaged index: lookups stay correct without the filter
             log.warning("key filter not built (%s); every key is looked up in the index", e)

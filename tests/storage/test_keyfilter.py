@@ -1,9 +1,11 @@
-"""The key filter (storage/keyfilter.py): the compiled `filter_add`/`filter_maybe`/`filter_claim`
-against the Python reference, bit for bit, damaged input included; and the one promise lookups rely
+"""The key filter (storage/keyfilter.py): the compiled `filter_add`/`filter_add_json`/`filter_maybe`/
+`filter_claim` against the Python reference, bit for bit, damaged input included; and the one promise lookups rely
 on: a pair that was added is always a "maybe". `make asan` runs this file with AddressSanitizer."""
 
 from __future__ import annotations
 
+import json
+import sqlite3
 from typing import Any
 
 import pytest
@@ -119,3 +121,98 @@ def test_the_keys_before_an_unhashable_one_are_added_as_in_the_reference(name: s
                 getattr(impl, name)(bits, "t", keys)
         assert b_c == b_ref
         assert c.filter_maybe(b_c, "t", keys[:at]) == keys[:at]
+
+
+# Keys as the index holds them (text of any code point a produce accepts) and some it never holds:
+# lone surrogates (only a JSON escape can carry one), and empty keys.
+JSON_KEYS = st.lists(st.text(max_size=12) | st.sampled_from(["", "\ud800", "a\udfff", 'q"', "back\\", "\x00\x1f\x7f",
+                                                                 "é", "𝄞", "\u2028"]), max_size=40)
+
+
+def json_chunks(keys: list[str]) -> list[bytes]:
+    """`keys` as JSON arrays the ways a chunk can be written: as SQLite's json_group_array writes
+    them (what a build reads), and json.dumps's, escaped to ASCII or not, spaced or not."""
+    out = [json.dumps(keys, ensure_ascii=a, separators=sep).encode("utf-8", "surrogatepass")
+           for a in (True, False) for sep in ((",", ":"), (" ,\n", ":"))]
+    out = [o for o in out if not any(0xD800 <= ord(ch) <= 0xDFFF for ch in o.decode("utf-8", "surrogatepass"))]
+    if not any(0xD800 <= ord(ch) <= 0xDFFF for k in keys for ch in k):
+        db = sqlite3.connect(":memory:")
+        db.execute("CREATE TABLE t (k TEXT)")
+        db.executemany("INSERT INTO t VALUES (?)", [(k,) for k in keys])
+        if sqlite3.sqlite_version_info >= (3, 38):
+            out.append(db.execute("SELECT CAST(json_group_array(k) AS BLOB) FROM t").fetchone()[0])
+        db.close()
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(blocks=st.integers(1, 6), topic=TOPICS, keys=JSON_KEYS)
+def test_a_json_chunk_adds_its_keys_as_the_list_does_in_both(blocks: int, topic: str, keys: list[str]) -> None:
+    """filter_add_json of a chunk sets the bits filter_add of its keys sets, for every way a chunk
+    is written (ASCII keys hashed from their bytes, escaped and other keys made a str)."""
+    listed = bytearray(blocks * BLOCK)
+    ref.filter_add(listed, topic, keys)
+    for chunk in json_chunks(keys):
+        b_c, b_ref = bytearray(blocks * BLOCK), bytearray(blocks * BLOCK)
+        assert c.filter_add_json(b_c, topic, chunk) == ref.filter_add_json(b_ref, topic, chunk) == len(keys)
+        assert b_c == b_ref == listed
+
+
+def test_a_build_sized_chunk_with_a_few_odd_keys_adds_every_key() -> None:
+    keys = [f"order-{i:012d}" for i in range(20_000)]
+    keys[7], keys[4_000], keys[19_999] = "é-key", 'quo"te', "tab\t"
+    f = KeyFilter(len(keys))
+    assert f.add_json("t", json.dumps(keys).encode()) == len(keys) == f.added
+    assert c.filter_maybe(f.bits, "t", keys) == keys
+    listed = bytearray(len(f.bits))
+    c.filter_add(listed, "t", keys)
+    assert listed == f.bits
+
+
+DAMAGED_CHUNKS = [b"", b" ", b"[", b"]", b'["a"', b'["a",]', b'[,"a"]', b"[1]", b"[null]", b'[["a"]]', b'{"a": 1}', b'"a"',
+                  b'["a"]x', b'["a"]]', b'["a" "b"]', b'["\\x"]', b'["\\u12"]', b'["a\\"]', b'["\xff"]', b'["\x01"]',
+                  b'["\xed\xa0\x80"]', b'["\xc3"]', b'\xef\xbb\xbf["a"]', b'["a"\x00]', b'["a",\n"b"\n']
+
+
+@pytest.mark.parametrize("chunk", DAMAGED_CHUNKS)
+def test_a_damaged_chunk_is_a_value_error_in_both_and_adds_nothing(chunk: bytes) -> None:
+    for impl in (c, ref):
+        bits = bytearray(2 * BLOCK)
+        with pytest.raises(ValueError):
+            impl.filter_add_json(bits, "t", chunk)
+        assert bits == bytearray(2 * BLOCK)
+
+
+@settings(max_examples=300, deadline=None)
+@given(keys=JSON_KEYS.filter(bool), cut=st.integers(0, 10**6), flips=st.lists(st.tuples(st.integers(0, 10**6),
+                                                                                            st.integers(0, 255)), max_size=3))
+def test_a_chunk_cut_or_changed_is_answered_as_the_reference_does(keys: list[str], cut: int, flips: list[tuple[int, int]]) -> None:
+    """Damaged input is an error, never a crash or a read past the chunk (`make asan`): a chunk cut
+    short or with bytes changed adds what the reference adds, or fails as it does (ValueError)."""
+    chunk = bytearray(json_chunks(keys)[0])
+    for at, value in flips:
+        chunk[at % len(chunk)] = value
+    damaged = bytes(chunk[:cut % (len(chunk) + 1)])
+    got = []
+    for impl in (c, ref):
+        bits = bytearray(2 * BLOCK)
+        try:
+            got.append((impl.filter_add_json(bits, "t", damaged), bits))
+        except ValueError:
+            got.append((None, bits))
+    assert got[0] == got[1]
+
+
+@pytest.mark.parametrize("bits, topic, chunk, error", [
+    (b"\0" * 64, "t", b"[]", TypeError),  # not a bytearray
+    (bytearray(0), "t", b"[]", ValueError),  # no block
+    (bytearray(65), "t", b"[]", ValueError),  # a cut block
+    (bytearray(64), b"t", b"[]", TypeError),  # topic not a str
+    (bytearray(64), "t", "[]", TypeError),  # the chunk not bytes
+    (bytearray(64), "t", bytearray(b"[]"), TypeError),
+    (bytearray(64), "t", memoryview(b"[]"), TypeError),
+])
+def test_bad_arguments_to_add_json_fail_the_same_way_in_both(bits: Any, topic: Any, chunk: Any, error: type) -> None:
+    for impl in (c, ref):
+        with pytest.raises(error):
+            impl.filter_add_json(bits, topic, chunk)
