@@ -18,7 +18,7 @@ keys' text) and `key_rows_json` a stretch of KeyIndex's JSON_ROWS keys at a time
 busy thread was kept off the GIL, counted from the gaps over 20 microseconds between its clock
 reads, and the functions' CPU, a key.
 
-    .venv/bin/python -m bench.keyindex_gil --scan [--batches 1000]
+    .venv/bin/python -m bench.keyindex_gil --scan [--batches 1000] [--chunk 16384] [--json-only]
 
 `--scan`: a key filter's build (`FilterBuild.scan`) of an index of `--batches` thousand keys, in a
 thread beside a busy one, alternating the two ways it reads the keys (`scan_keys`): a chunk of
@@ -26,6 +26,7 @@ SCAN_CHUNK as the bytes of one JSON array, which the compiled `filter_add_json` 
 GIL (where SQLite has the JSON functions), and a row at a time (where not; every key read before
 the twenty-sixth session). Printed a key: each way's build alone first,
 then beside the busy thread the build's wall time and the time the busy thread was kept off a CPU.
+`--chunk`: the keys a chunk (storage.keyindex SCAN_CHUNK); `--json-only`: only the JSON way.
 """
 
 from __future__ import annotations
@@ -119,8 +120,8 @@ def rows_beside_a_busy_thread(batches: int) -> None:
     print(f"median: kept off {statistics.median(kept):.0f} ns a key, CPU {statistics.median(used):.0f} ns a key ({n:,} keys)")
 
 
-def scan_beside_a_busy_thread(batches: int) -> None:
-    """`--scan`: a filter build over `batches` thousand keys beside a busy thread, both ways."""
+def scan_beside_a_busy_thread(batches: int, ways: tuple[str, ...] = ("json", "rows")) -> None:
+    """`--scan`: a filter build over `batches` thousand keys beside a busy thread, each of `ways`."""
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "k.sqlite"
         ki = KeyIndex(path)
@@ -133,7 +134,7 @@ def scan_beside_a_busy_thread(batches: int) -> None:
                     ki.commit(b)
         finally:
             ki.close()
-        got: dict[str, list[tuple[float, float]]] = {"json": [], "rows": []}
+        got: dict[str, list[tuple[float, float]]] = {way: [] for way in ways}
         for way in got:
             build = FilterBuild(path, [], way == "json")
             wall0 = time.perf_counter()
@@ -166,9 +167,12 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=200, help="put_runs of 1,000 keys a write")
     ap.add_argument("--rows", action="store_true", help="only key_order and key_rows_json, beside a busy thread")
     ap.add_argument("--scan", action="store_true", help="a key filter's build beside a busy thread, both ways")
+    ap.add_argument("--chunk", type=int, default=keyindex.SCAN_CHUNK, help="with --scan: keys a chunk")
+    ap.add_argument("--json-only", action="store_true", help="with --scan: only the JSON way")
     args = ap.parse_args()
     if args.scan:
-        scan_beside_a_busy_thread(args.batches)
+        keyindex.SCAN_CHUNK = args.chunk
+        scan_beside_a_busy_thread(args.batches, ("json",) if args.json_only else ("json", "rows"))
         return
     if args.rows:
         rows_beside_a_busy_thread(args.batches)

@@ -23,3 +23,9 @@ def test_a_build_beside_a_busy_thread_is_measured(capsys: pytest.CaptureFixture[
     for line in ("alone, json: the build", "alone, rows: the build", "median json: the build", "median rows: the build"):
         assert line in out
     assert "(2,000 keys)" in out
+
+
+def test_a_json_only_build_is_measured_alone(capsys: pytest.CaptureFixture[str]) -> None:
+    scan_beside_a_busy_thread(2, ("json",))
+    out = capsys.readouterr().out
+    assert "median json: the build" in out and "rows" not in out
