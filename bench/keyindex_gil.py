@@ -21,7 +21,7 @@ reads, and the functions' CPU, a key.
     .venv/bin/python -m bench.keyindex_gil --scan [--batches 1000] [--chunk 16384] [--json-only]
 
 `--scan`: a key filter's build (`FilterBuild.scan`) of an index of `--batches` thousand keys, in a
-thread beside a busy one, alternating the two ways it reads the keys (`scan_keys`): a chunk of
+thread beside a busy one, alternating the two ways it reads the keys (`key_chunk`, `scan_keys`): a chunk of
 SCAN_CHUNK as the bytes of one JSON array, which the compiled `filter_add_json` reads without the
 GIL (where SQLite has the JSON functions), and a row at a time (where not; every key read before
 the twenty-sixth session). Printed a key: each way's build alone first,

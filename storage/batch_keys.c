@@ -186,11 +186,13 @@ PyObject *filter_maybe(PyObject *self, PyObject *args) {
 
 /* filter_add_json(bits, topic, chunk): filter_add of the keys in `chunk`, bytes holding a JSON
  * array of strings in UTF-8, as SQLite's json_group_array writes the key index's keys (the filter's
- * build reads them so, storage/keyindex.py scan_keys). Without a str a key, and without the GIL
- * while the chunk is read and the bits are set: a key of ASCII without an escape is hashed from its
- * bytes (Python hashes an ASCII str's bytes as they are, batch_keyseq.c); any other key (rare:
- * keys are mostly ASCII) is made a str with the GIL, as json.loads makes it. The number added. A
- * chunk that is not such an array: ValueError, and nothing added. */
+ * build reads them so, storage/keyindex.py key_chunk), and the last of them (None for no key),
+ * after which the build's next chunk starts (asked of SQLite with max(key), it cost a third of the
+ * build's CPU). Without a str a key, and without the GIL while the chunk is read and the bits are
+ * set: a key of ASCII without an escape is hashed from its bytes (Python hashes an ASCII str's
+ * bytes as they are, batch_keyseq.c); any other key (rare: keys are mostly ASCII) is made a str
+ * with the GIL, as json.loads makes it. Returns (added, last). A chunk that is not such an array:
+ * ValueError, and nothing added. */
 typedef struct {
     size_t at, len;   /* the string's text between its quotes: chunk[at:at + len] */
     Py_hash_t hash;   /* its key's hash; set with the GIL when `plain` is 0 */
@@ -253,19 +255,21 @@ static inline Py_hash_t ascii_hash(const uint8_t *s, size_t n) {
 #endif
 }
 
-/* The hash of a key that is not plain: the str json.loads makes of its quoted text (the
- * reference's own way), which fails for a bad escape or bad UTF-8. */
-static int json_key_hash(const uint8_t *s, const JsonKey *k, Py_hash_t *h) {
+/* A key's str: a plain key's ASCII as it is; any other's as json.loads makes it of its quoted text
+ * (the reference's own way), which fails for a bad escape or bad UTF-8. New reference, or NULL. */
+static PyObject *json_key_str(const uint8_t *s, const JsonKey *k) {
+    if (k->plain) return PyUnicode_FromStringAndSize((const char *)s + k->at, (Py_ssize_t)k->len);
     PyObject *json = PyImport_ImportModule("json");
     PyObject *text = json ? PyUnicode_DecodeUTF8((const char *)s + k->at - 1, (Py_ssize_t)k->len + 2, "strict") : NULL;
     PyObject *key = text ? PyObject_CallMethod(json, "loads", "O", text) : NULL;
     Py_XDECREF(json);
     Py_XDECREF(text);
-    if (!key) return -1;
-    *h = PyUnicode_Check(key) ? PyObject_Hash(key) : -1;
-    if (*h == -1 && !PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "chunk: an item is not a string");
-    Py_DECREF(key);
-    return *h == -1 ? -1 : 0;
+    if (key && !PyUnicode_Check(key)) {
+        Py_DECREF(key);
+        PyErr_SetString(PyExc_ValueError, "chunk: an item is not a string");
+        return NULL;
+    }
+    return key;
 }
 
 /* Set the bits of m hashed keys, as kf_ahead takes them: a group's blocks prefetched, then set. */
@@ -316,21 +320,31 @@ PyObject *filter_add_json(PyObject *self, PyObject *args) {
         buf_release(&a.bits);
         return NULL;
     }
+    PyObject *last = NULL;  /* the last key's str, made with the others that are not plain */
     if (hard) {  /* (every key is hashed before a bit is set: a bad one adds nothing) */
         for (size_t i = 0; i < m; i++) {
-            if (!k[i].plain && json_key_hash(s, &k[i], &k[i].hash) < 0) {
+            if (k[i].plain) continue;
+            PyObject *key = json_key_str(s, &k[i]);
+            k[i].hash = key ? PyObject_Hash(key) : -1;
+            if (k[i].hash == -1) {
+                Py_XDECREF(key);
+                Py_XDECREF(last);
                 PyMem_RawFree(k);
                 buf_release(&a.bits);
                 return NULL;
             }
+            if (i == m - 1) last = key;
+            else Py_DECREF(key);
         }
         Py_BEGIN_ALLOW_THREADS
         json_set(&a, bits, k, m);
         Py_END_ALLOW_THREADS
     }
+    if (!last && m) last = json_key_str(s, &k[m - 1]);  /* (plain: fails only for memory) */
+    else if (!last) last = Py_NewRef(Py_None);
     PyMem_RawFree(k);
     buf_release(&a.bits);
-    return PyLong_FromSize_t(m);
+    return last ? Py_BuildValue("(nN)", (Py_ssize_t)m, last) : NULL;
 }
 
 /* filter_claim: filter_maybe and filter_add in one pass over the keys, each key's answer read

@@ -105,18 +105,19 @@ def filter_add(bits: bytearray, topic: str, keys: Sequence[Any]) -> int:
     return n
 
 
-def filter_add_json(bits: bytearray, topic: str, chunk: bytes) -> int:
+def filter_add_json(bits: bytearray, topic: str, chunk: bytes) -> tuple[int, str | None]:
     """filter_add of the keys in `chunk`, a JSON array of strings in UTF-8, as SQLite's
     json_group_array writes the key index's keys (a filter's build reads them so); the number
-    added. A chunk that is not such an array: ValueError, and nothing added. The compiled one
-    makes no str for a key of ASCII without an escape, and sets the bits without the GIL."""
+    added, and the last key (None for none), after which the build's next chunk starts. A chunk
+    that is not such an array: ValueError, and nothing added. The compiled one makes no str for a
+    key of ASCII without an escape, and reads the chunk and sets the bits without the GIL."""
     _checked(bits, topic, [])
     if not isinstance(chunk, bytes):
         raise TypeError("chunk: expected bytes")
     keys = json.loads(chunk.decode())  # (UnicodeDecodeError and JSONDecodeError are ValueErrors)
     if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
         raise ValueError("chunk: not a JSON array of strings")
-    return filter_add(bits, topic, keys)
+    return filter_add(bits, topic, keys), keys[-1] if keys else None
 
 
 def filter_maybe(bits: bytearray, topic: str, keys: Sequence[Any]) -> list[Any]:
@@ -169,11 +170,12 @@ class KeyFilter:
         self.added += n
         return n
 
-    def add_json(self, topic: str, chunk: bytes) -> int:
-        """Add the pairs of the keys in `chunk`, a JSON array of strings (`filter_add_json`)."""
-        n: int = ops.filter_add_json(self.bits, topic, chunk)
+    def add_json(self, topic: str, chunk: bytes) -> tuple[int, str | None]:
+        """Add the pairs of the keys in `chunk`, a JSON array of strings (`filter_add_json`): how
+        many, and the last key."""
+        n, last = ops.filter_add_json(self.bits, topic, chunk)
         self.added += n
-        return n
+        return n, last
 
     def maybe(self, topic: str, keys: Sequence[str]) -> list[str]:
         return ops.filter_maybe(self.bits, topic, keys)

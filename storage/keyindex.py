@@ -346,33 +346,36 @@ def delivery_order(rows: list[tuple[int, str, str, int]]) -> list[tuple[int, str
 # interval (5 ms): a build of 300,000 keys took 3.7 µs a key in chunks of 4,096, 1.6 in chunks of
 # 16,384 (BENCHMARKS.md, twenty-eighth session).
 SCAN_CHUNK = 16384
-# A chunk of a topic's keys in key order as one JSON array (its UTF-8 bytes), and its last key: the
-# first chunk (`after` empty), then those after ?2 (a search of the primary key: an OR with
-# "?2 IS NULL" made it read the topic from its first key for every chunk).
-SCAN_JSON = ("SELECT CAST(json_group_array(key) AS BLOB), max(key) FROM (SELECT key FROM {table} WHERE topic = ?1{after} "
+# A chunk of a topic's keys in key order as the bytes of one JSON array: the first chunk (`after`
+# empty), then those after ?2 (a search of the primary key: an OR with "?2 IS NULL" made it read the
+# topic from its first key for every chunk). The last key comes from the filter's pass
+# (`KeyFilter.add_json`): max(key) beside the array cost SQLite a third more a key.
+SCAN_JSON = ("SELECT CAST(json_group_array(key) AS BLOB) FROM (SELECT key FROM {table} WHERE topic = ?1{after} "
              "ORDER BY key LIMIT {n})")
 
 
-def scan_keys(db: sqlite3.Connection, table: str, topic: str, as_json: bool) -> Iterable[list[str] | bytes]:
-    """Every key of `topic` in `table`, SCAN_CHUNK keys at a time (within the caller's transaction):
-    a chunk is a list of the keys, or as JSON the bytes of a JSON array of them, for
-    `KeyFilter.add_json` (which reads it without a str a key and sets the bits without the GIL).
-    As JSON, a chunk is one statement's step: Python's sqlite3 gives the GIL up and takes it back
-    around every step, and read a row at a time a build waits for the GIL again after every key
+def key_chunk(db: sqlite3.Connection, table: str, topic: str, after: str | None) -> bytes:
+    """The next SCAN_CHUNK keys of `topic` in `table` after `after` (None: from its first), in key
+    order, as the bytes of one JSON array (fewer at the end; b"[]" past it), for
+    `KeyFilter.add_json`, which reads it without a str a key and sets the bits without the GIL. A
+    chunk is one statement's step: Python's sqlite3 gives the GIL up and takes it back around every
+    step, and read a row at a time (`scan_keys`) a build waits for the GIL again after every key
     while the event loop is busy. Beside a thread running Python without a pause, a build read
     that way took 60 µs a key and kept the other thread off its CPU 1.1 µs a key; as JSON, 2.3 µs
     and 0.15 (`bench.keyindex_gil --scan`, BENCHMARKS.md, twenty-sixth session; idle, 0.45 µs a
-    key either way). One-column rows (without JSON) cost half of what (topic, key) rows do."""
-    if not as_json:
-        cur = db.execute(f"SELECT key FROM {table} WHERE topic = ?", (topic,))
-        while rows := cur.fetchmany(SCAN_CHUNK):
-            yield [r[0] for r in rows]
-        return
-    chunk, last = db.execute(SCAN_JSON.format(table=table, n=SCAN_CHUNK, after=""), (topic,)).fetchone()
-    sql = SCAN_JSON.format(table=table, n=SCAN_CHUNK, after=" AND key > ?2")
-    while last is not None:
-        yield chunk
-        chunk, last = db.execute(sql, (topic, last)).fetchone()
+    key either way), and since the twenty-eighth 1.6 µs and 0.03."""
+    sql = SCAN_JSON.format(table=table, n=SCAN_CHUNK, after="" if after is None else " AND key > ?2")
+    chunk: bytes = db.execute(sql, (topic,) if after is None else (topic, after)).fetchone()[0]
+    return chunk
+
+
+def scan_keys(db: sqlite3.Connection, table: str, topic: str) -> Iterable[list[str]]:
+    """Every key of `topic` in `table`, a row at a time, SCAN_CHUNK keys a list (within the caller's
+    transaction): where SQLite has no JSON functions (`key_chunk`). One-column rows cost half of
+    what (topic, key) rows do."""
+    cur = db.execute(f"SELECT key FROM {table} WHERE topic = ?", (topic,))
+    while rows := cur.fetchmany(SCAN_CHUNK):
+        yield [r[0] for r in rows]
 
 
 def table_rows(db: sqlite3.Connection) -> list[int]:
@@ -407,7 +410,7 @@ class FilterBuild:
     def __init__(self, path: Path, recorded: list[tuple[str, Sequence[str | None]]], as_json: bool) -> None:
         self.path = path
         self.recorded = recorded
-        self.as_json = as_json  # read the keys as JSON (`scan_keys`): where SQLite has json_group_array
+        self.as_json = as_json  # read the keys as JSON (`key_chunk`): where SQLite has json_group_array
         self.result: KeyFilter | None = None
         self.failed = False
         self.stop = False
@@ -434,13 +437,17 @@ class FilterBuild:
             f = KeyFilter(GROWTH * (n + sum(len(keys) for _, keys in self.recorded)))
             for table in TABLES:
                 for (topic,) in db.execute(f"SELECT DISTINCT topic FROM {table}").fetchall():
-                    for keys in scan_keys(db, table, topic, self.as_json):
+                    if not self.as_json:
+                        for keys in scan_keys(db, table, topic):
+                            if self.stop:
+                                return
+                            f.add(topic, keys)
+                        continue
+                    added, last = SCAN_CHUNK, None
+                    while added == SCAN_CHUNK:  # (fewer: the topic's last chunk)
                         if self.stop:
                             return
-                        if isinstance(keys, bytes):
-                            f.add_json(topic, keys)
-                        else:
-                            f.add(topic, keys)
+                        added, last = f.add_json(topic, key_chunk(db, table, topic, last))
             self.result = f
         except Exception as e:  # a damaged index: lookups stay correct without the filter
             log.warning("key filter not built (%s); every key is looked up in the index", e)
