@@ -192,7 +192,8 @@ PyObject *filter_maybe(PyObject *self, PyObject *args) {
  * set: a key of ASCII without an escape is hashed from its bytes (Python hashes an ASCII str's
  * bytes as they are, batch_keyseq.c); any other key (rare: keys are mostly ASCII) is made a str
  * with the GIL, as json.loads makes it. Returns (added, last). A chunk that is not such an array:
- * ValueError, and nothing added. */
+ * ValueError, and nothing added. No other thread may use the bits meanwhile (a build's own filter,
+ * installed once it is done): they are set without the GIL. */
 typedef struct {
     size_t at, len;   /* the string's text between its quotes: chunk[at:at + len] */
     Py_hash_t hash;   /* its key's hash; set with the GIL when `plain` is 0 */

@@ -110,7 +110,8 @@ def filter_add_json(bits: bytearray, topic: str, chunk: bytes) -> tuple[int, str
     json_group_array writes the key index's keys (a filter's build reads them so); the number
     added, and the last key (None for none), after which the build's next chunk starts. A chunk
     that is not such an array: ValueError, and nothing added. The compiled one makes no str for a
-    key of ASCII without an escape, and reads the chunk and sets the bits without the GIL."""
+    key of ASCII without an escape, and reads the chunk and sets the bits without the GIL: no other
+    thread may use `bits` meanwhile (a build's own filter, not installed yet)."""
     _checked(bits, topic, [])
     if not isinstance(chunk, bytes):
         raise TypeError("chunk: expected bytes")
@@ -172,7 +173,7 @@ class KeyFilter:
 
     def add_json(self, topic: str, chunk: bytes) -> tuple[int, str | None]:
         """Add the pairs of the keys in `chunk`, a JSON array of strings (`filter_add_json`): how
-        many, and the last key."""
+        many, and the last key. Only while no other thread uses the filter (its build)."""
         n, last = ops.filter_add_json(self.bits, topic, chunk)
         self.added += n
         return n, last
