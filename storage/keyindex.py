@@ -343,8 +343,8 @@ def delivery_order(rows: list[tuple[int, str, str, int]]) -> list[tuple[int, str
 
 # Keys a chunk of a filter's build. Each chunk takes the GIL back twice (after SQLite's step and
 # after the filter's pass), and beside an event loop busy with Python each time waits out a switch
-# interval (5 ms): a build of 300,000 keys took 3.7 µs a key in chunks of 4,096, 1.6 in chunks of
-# 16,384 (BENCHMARKS.md, twenty-eighth session).
+# interval (5 ms): a build of 300,000 keys took 3.3 µs a key in chunks of 4,096, 1.4 in chunks of
+# 16,384, 0.9 in chunks of 65,536 (BENCHMARKS.md, twenty-eighth session).
 SCAN_CHUNK = 16384
 # A chunk of a topic's keys in key order as the bytes of one JSON array: the first chunk (`after`
 # empty), then those after ?2 (a search of the primary key: an OR with "?2 IS NULL" made it read the
@@ -363,7 +363,7 @@ def key_chunk(db: sqlite3.Connection, table: str, topic: str, after: str | None)
     while the event loop is busy. Beside a thread running Python without a pause, a build read
     that way took 60 µs a key and kept the other thread off its CPU 1.1 µs a key; as JSON, 2.3 µs
     and 0.15 (`bench.keyindex_gil --scan`, BENCHMARKS.md, twenty-sixth session; idle, 0.45 µs a
-    key either way), and since the twenty-eighth 1.6 µs and 0.03."""
+    key either way), and since the twenty-eighth session 1.4-1.6 µs and 0.02-0.05."""
     sql = SCAN_JSON.format(table=table, n=SCAN_CHUNK, after="" if after is None else " AND key > ?2")
     chunk: bytes = db.execute(sql, (topic,) if after is None else (topic, after)).fetchone()[0]
     return chunk
