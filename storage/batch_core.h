@@ -393,6 +393,16 @@ BATCH_HIDDEN int keys_set(Keys *k, Py_ssize_t i, const char *s, uint32_t len, ui
 BATCH_HIDDEN PyObject *keys_item(const Keys *k, Py_ssize_t i);  /* new reference: str or None */
 static inline int keys_check(PyObject *o) { return Py_IS_TYPE(o, &KeysType); }
 
+/* Python's hash of bytes: of a str of ASCII characters, its hash (the str hashes its bytes as they
+ * are), so a key's UTF-8 is hashed without a str. Needs no GIL. */
+static inline Py_hash_t bytes_hash(const void *s, Py_ssize_t n) {
+#if PY_VERSION_HEX >= 0x030D0000
+    return Py_HashBuffer(s, n);
+#else
+    return _Py_HashBytes(s, n);
+#endif
+}
+
 /* Keys given as a list or tuple, or as Keys: how many (a list's size can change while its keys
  * are hashed, so it is asked each time), whether key i is None, and its hash. */
 static inline Py_ssize_t ks_len(PyObject *keys) {

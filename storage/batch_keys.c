@@ -32,17 +32,36 @@ typedef struct {
     PyObject *keys;
 } KfArgs;
 
+/* Check the filter's bytearray (a whole number of blocks) and take its block count (its bytes are
+ * held later, by buf_get, once every argument is checked). */
+static int kf_bits(PyObject *bo, KfArgs *a) {
+    if (!PyByteArray_Check(bo)) { PyErr_SetString(PyExc_TypeError, "bits: expected a bytearray"); return -1; }
+    Py_ssize_t len = PyByteArray_GET_SIZE(bo);
+    if (len == 0 || len % KF_BLOCK) {
+        PyErr_Format(PyExc_ValueError, "bits: %zd bytes is not a whole number of %d-byte blocks", len, KF_BLOCK);
+        return -1;
+    }
+    a->nblocks = (uint64_t)len / KF_BLOCK;
+    return 0;
+}
+
+/* Check the topic and take its part of the pairs' hashes (storage/keyfilter.py keys_part). */
+static int kf_topic(PyObject *topic, KfArgs *a) {
+    if (!PyUnicode_Check(topic)) { PyErr_SetString(PyExc_TypeError, "topic: expected a str"); return -1; }
+    Py_hash_t th = PyObject_Hash(topic);
+    if (th == -1) return -1;
+    a->topic_part = (uint64_t)th * KF_GOLDEN;
+    return 0;
+}
+
 /* Check the topic and the keys (storage/keyfilter.py keys_part), and take the topic's part of the
  * pairs' hashes and a reference to the keys (the filter's bits are left alone). */
 static int kf_keys(PyObject *topic, PyObject *keys, KfArgs *a) {
-    if (!PyUnicode_Check(topic)) { PyErr_SetString(PyExc_TypeError, "topic: expected a str"); return -1; }
+    if (kf_topic(topic, a) < 0) return -1;
     if (!PyList_Check(keys) && !PyTuple_Check(keys) && !keys_check(keys)) {
         PyErr_SetString(PyExc_TypeError, "keys: expected a list, a tuple or Keys");
         return -1;
     }
-    Py_hash_t th = PyObject_Hash(topic);
-    if (th == -1) return -1;
-    a->topic_part = (uint64_t)th * KF_GOLDEN;
     Py_INCREF(keys);
     a->keys = keys;
     return 0;
@@ -53,16 +72,8 @@ static int kf_open(PyObject *args, KfArgs *a) {
     a->bits.held = 0;
     a->keys = NULL;
     if (!PyArg_ParseTuple(args, "OOO", &bo, &topic, &keys)) return -1;
-    if (!PyByteArray_Check(bo)) { PyErr_SetString(PyExc_TypeError, "bits: expected a bytearray"); return -1; }
-    Py_ssize_t len = PyByteArray_GET_SIZE(bo);
-    if (len == 0 || len % KF_BLOCK) {
-        PyErr_Format(PyExc_ValueError, "bits: %zd bytes is not a whole number of %d-byte blocks", len, KF_BLOCK);
-        return -1;
-    }
-    if (kf_keys(topic, keys, a) < 0) return -1;
-    if (buf_get(bo, &a->bits, 1, "bits") < 0) return -1;
-    a->nblocks = (uint64_t)len / KF_BLOCK;
-    return 0;
+    if (kf_bits(bo, a) < 0 || kf_keys(topic, keys, a) < 0) return -1;
+    return buf_get(bo, &a->bits, 1, "bits");
 }
 
 static void kf_close(KfArgs *a) {
@@ -190,7 +201,7 @@ PyObject *filter_maybe(PyObject *self, PyObject *args) {
  * after which the build's next chunk starts (asked of SQLite with max(key), it cost a third of the
  * build's CPU). Without a str a key, and without the GIL while the chunk is read and the bits are
  * set: a key of ASCII without an escape is hashed from its bytes (Python hashes an ASCII str's
- * bytes as they are, batch_keyseq.c); any other key (rare: keys are mostly ASCII) is made a str
+ * bytes as they are, bytes_hash); any other key (rare: keys are mostly ASCII) is made a str
  * with the GIL, as json.loads makes it. Returns (added, last). A chunk that is not such an array:
  * ValueError, and nothing added. No other thread may use the bits meanwhile (a build's own filter,
  * installed once it is done): they are set without the GIL. */
@@ -248,14 +259,6 @@ done:
     return bad;
 }
 
-static inline Py_hash_t ascii_hash(const uint8_t *s, size_t n) {
-#if PY_VERSION_HEX >= 0x030D0000
-    return Py_HashBuffer(s, (Py_ssize_t)n);
-#else
-    return _Py_HashBytes(s, (Py_ssize_t)n);
-#endif
-}
-
 /* A key's str: a plain key's ASCII as it is; any other's as json.loads makes it of its quoted text
  * (the reference's own way), which fails for a bad escape or bad UTF-8. New reference, or NULL. */
 static PyObject *json_key_str(const uint8_t *s, const JsonKey *k) {
@@ -289,18 +292,10 @@ static void json_set(const KfArgs *a, uint8_t *bits, const JsonKey *k, size_t m)
 
 PyObject *filter_add_json(PyObject *self, PyObject *args) {
     PyObject *bo, *topic, *chunk;
-    if (!PyArg_ParseTuple(args, "OOO", &bo, &topic, &chunk)) return NULL;
-    if (!PyByteArray_Check(bo)) { PyErr_SetString(PyExc_TypeError, "bits: expected a bytearray"); return NULL; }
-    Py_ssize_t len = PyByteArray_GET_SIZE(bo);
-    if (len == 0 || len % KF_BLOCK) {
-        PyErr_Format(PyExc_ValueError, "bits: %zd bytes is not a whole number of %d-byte blocks", len, KF_BLOCK);
+    KfArgs a = {.bits.held = 0, .keys = NULL};
+    if (!PyArg_ParseTuple(args, "OOO", &bo, &topic, &chunk) || kf_bits(bo, &a) < 0 || kf_topic(topic, &a) < 0)
         return NULL;
-    }
-    if (!PyUnicode_Check(topic)) { PyErr_SetString(PyExc_TypeError, "topic: expected a str"); return NULL; }
     if (!PyBytes_Check(chunk)) { PyErr_SetString(PyExc_TypeError, "chunk: expected bytes"); return NULL; }
-    Py_hash_t th = PyObject_Hash(topic);
-    if (th == -1) return NULL;
-    KfArgs a = {.nblocks = (uint64_t)len / KF_BLOCK, .topic_part = (uint64_t)th * KF_GOLDEN, .keys = NULL};
     if (buf_get(bo, &a.bits, 1, "bits") < 0) return NULL;
     const uint8_t *s = (const uint8_t *)PyBytes_AS_STRING(chunk);  /* (bytes: never changes) */
     uint8_t *bits = a.bits.view.buf;
@@ -310,7 +305,7 @@ PyObject *filter_add_json(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     bad = json_keys(s, n, &k, &m);
     for (size_t i = 0; i < m; i++) {
-        if (k[i].plain) k[i].hash = ascii_hash(s + k[i].at, k[i].len);
+        if (k[i].plain) k[i].hash = bytes_hash(s + k[i].at, (Py_ssize_t)k[i].len);
         else hard++;
     }
     if (!bad && !hard) json_set(&a, bits, k, m);  /* the usual chunk: the GIL let go once */

@@ -32,13 +32,7 @@ static Py_hash_t key_hash(const char *s, uint32_t len) {
         if (w & 0x8080808080808080ull) break;
     }
     while (i < len && !((uint8_t)s[i] & 0x80)) i++;
-    if (i == len) {
-#if PY_VERSION_HEX >= 0x030D0000
-        return Py_HashBuffer(s, (Py_ssize_t)len);
-#else
-        return _Py_HashBytes(s, (Py_ssize_t)len);
-#endif
-    }
+    if (i == len) return bytes_hash(s, (Py_ssize_t)len);
     PyObject *str = PyUnicode_DecodeUTF8(s, (Py_ssize_t)len, "strict");
     if (!str) return -1;
     Py_hash_t h = PyObject_Hash(str);
