@@ -43,7 +43,7 @@ from typing import Any
 
 from delayd.storage.commitlog import Record, RecordType
 from delayd.storage.errors import UnsupportedVersion
-from delayd.storage.keyindex import connect, insert_rows, open_or_set_aside
+from delayd.storage.keyindex import connect, insert_rows, open_or_set_aside, sqlite_bytes
 from delayd.storage.msgtable import MessageState, MessageTable
 
 FARINDEX_VERSION = 1
@@ -221,7 +221,7 @@ class FarIndex:
         return int(self.db.execute("SELECT count(*) FROM far").fetchone()[0])
 
     def disk_bytes(self) -> int:
-        return sum(p.stat().st_size for p in self.path.parent.glob(self.path.name + "*"))
+        return sqlite_bytes(self.path)
 
     def close(self) -> None:
         self.writer.close()

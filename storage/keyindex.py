@@ -48,6 +48,7 @@ version 1 refuses a version-2 index, whose newest rows it would not read).
 from __future__ import annotations
 
 import bisect
+import contextlib
 import functools
 import json
 import logging
@@ -108,6 +109,16 @@ def connect(path: Path, cache_kib: int) -> sqlite3.Connection:
         db.close()
         raise
     return db
+
+
+def sqlite_bytes(path: Path) -> int:
+    """Bytes of the SQLite database at `path` with its -wal and -shm files (one that SQLite
+    removes between the listing and its stat counts nothing)."""
+    total = 0
+    for p in path.parent.glob(path.name + "*"):
+        with contextlib.suppress(FileNotFoundError):
+            total += p.stat().st_size
+    return total
 
 
 class SqliteIndex(Protocol):
@@ -836,7 +847,7 @@ class KeyIndex:
         self._rows, self._merge_from = [0, 0], None
 
     def disk_bytes(self) -> int:
-        return sum(p.stat().st_size for p in self.path.parent.glob(self.path.name + "*"))
+        return sqlite_bytes(self.path)
 
     def close(self) -> None:
         if self._build is not None:

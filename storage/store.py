@@ -442,8 +442,11 @@ class Store:
                                      durable_indexed=self.durable_indexed, next_seq=self.next_seq)
 
     def disk_bytes(self) -> int:
+        """The data directory's bytes: segments, wheel, checkpoint and the SQLite indexes with
+        their write-ahead logs (a log grows to SQLite's 1,000 pages, 16 MB, and is then written
+        again from its start, while no reader holds it)."""
         total = self.commit.disk_bytes() + self.timers.log.files.disk_bytes() + self.msgs.disk_bytes()
-        total += self.ready.disk_bytes()
+        total += self.ready.disk_bytes() + self.keys.disk_bytes() + self.far.disk_bytes()
         for p in (self.data.layout.timerwheel, self.data.layout.checkpoint):
             # The checkpoint is renamed aside and replaced by the checkpoint thread: between the two
             # renames it is briefly absent (an exists-then-stat raced that and failed /v1/stats).

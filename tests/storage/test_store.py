@@ -243,6 +243,26 @@ def test_the_segments_a_roll_closes_in_derived_files_are_fsynced_by_the_next_che
     s.close()
 
 
+def test_disk_bytes_counts_the_data_directory_with_its_sqlite_indexes(tmp_path: Path, clock: list[int]) -> None:
+    s = open_store(tmp_path, clock)
+    drv = Driver(s, clock)
+    s.append_messages([NewMessage(TOPICS[i % 2], b"x" * 50, T0 + 20 * i, key=f"k{i}") for i in range(200)]
+                      + [NewMessage("orders", b"far", T0 + 10**9)], T0)
+    drain(drv, T0 + 1000)
+    drv.checkpoint()
+    sizes: collections.Counter[str] = collections.Counter()  # by the directory's entry: a file or a folder
+    for p in tmp_path.rglob("*"):
+        if p.is_file():
+            sizes[p.relative_to(tmp_path).parts[0]] += p.stat().st_size
+    sqlite = sum(n for name, n in sizes.items() if ".sqlite" in name)
+    # Not counted: the previous checkpoint (kept for recovery), the directory's small meta and lock.
+    listed = sum(sizes.values()) - sizes["checkpoint.prev"] - sizes["meta"] - sizes["LOCK"]
+    assert sqlite > 0 and sizes["keys.sqlite"] > 0 and sizes["far.sqlite"] > 0
+    # Segments are counted from their sizes in memory: a write not yet flushed is counted early.
+    assert listed - 4096 <= s.disk_bytes() <= listed + 4096 and sqlite > 8192, (s.disk_bytes(), listed, sizes)
+    s.close()
+
+
 def test_recover_of_an_empty_directory(tmp_path: Path, clock: list[int]) -> None:
     s, rep = open_data_dir(tmp_path, SMALL, lambda: clock[0])
     assert rep.checkpoint == "none" and rep.commit.records == 0
