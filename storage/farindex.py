@@ -43,7 +43,7 @@ from typing import Any
 
 from delayd.storage.commitlog import Record, RecordType
 from delayd.storage.errors import UnsupportedVersion
-from delayd.storage.keyindex import connect, insert_rows, open_or_set_aside, sqlite_bytes
+from delayd.storage.keyindex import connect, insert_rows, open_or_set_aside, sqlite_bytes, write_commit_pos
 from delayd.storage.msgtable import MessageState, MessageTable
 
 FARINDEX_VERSION = 1
@@ -81,6 +81,7 @@ class FarIndex:
         self._writing = 0  # operations handed to `apply` and not yet applied
         self._current: dict[int, Row | None] = {}
         self._flushing: dict[int, Row | None] = {}
+        self._pos_written: int | None = None  # the commit_pos `apply` last wrote (None: not known)
 
     def _connect(self, cache_kib: int) -> sqlite3.Connection:
         return connect(self.path, cache_kib)
@@ -163,8 +164,7 @@ class FarIndex:
             else:
                 w.executemany("DELETE FROM far WHERE deliver_at=? AND seq=?", args)
             i = j
-        w.execute("INSERT OR REPLACE INTO meta (name, value) VALUES ('commit_pos', ?)", (commit_pos,))
-        w.commit()
+        self._pos_written = write_commit_pos(w, commit_pos, self._pos_written)
 
     def applied(self) -> None:
         self._flushing = {}
@@ -182,6 +182,7 @@ class FarIndex:
         self.writer.execute("DELETE FROM far")
         self.writer.execute("DELETE FROM meta")
         self.writer.commit()
+        self._pos_written = None
 
     # -- reads ----------------------------------------------------------------------------------
     def after(self, deliver_at: int, seq: int, to_ms: int, topic_hash: int | None, n: int) -> list[Row]:

@@ -121,6 +121,17 @@ def sqlite_bytes(path: Path) -> int:
     return total
 
 
+def write_commit_pos(w: sqlite3.Connection, commit_pos: int, written: int | None) -> int:
+    """Commit the writer's transaction with `commit_pos` recorded, and return it. Not written
+    again when it is the one written last (`written`): an idle daemon's checkpoint (every
+    second) changes no page then, and SQLite appends nothing to the write-ahead log (it wrote
+    a 16 KiB page a second to each index's)."""
+    if commit_pos != written:
+        w.execute("INSERT OR REPLACE INTO meta (name, value) VALUES ('commit_pos', ?)", (commit_pos,))
+    w.commit()
+    return commit_pos
+
+
 class SqliteIndex(Protocol):
     def count(self) -> int: ...
     def close(self) -> None: ...
@@ -499,6 +510,7 @@ class KeyIndex:
         # a replaced row counted as new), and where the move of `recent` into `keys` is (the
         # pair the next slice starts at; None: no move under way).
         self._rows: list[int] | None = None
+        self._pos_written: int | None = None  # the commit_pos `apply` last wrote (None: not known)
         self._merge_from: tuple[str, str] | None = None
         self._ops: list[Op] = []
         self._queued = 0  # keys put in `_ops`
@@ -732,8 +744,7 @@ class KeyIndex:
                     rows[i] -= w.execute(f"DELETE FROM {table} WHERE done_at IS NOT NULL AND done_at < ?", (arg,)).rowcount
         self._put_runs(runs, rows)
         merge_from = self._merge(rows)
-        w.execute("INSERT OR REPLACE INTO meta (name, value) VALUES ('commit_pos', ?)", (commit_pos,))
-        w.commit()
+        self._pos_written = write_commit_pos(w, commit_pos, self._pos_written)
         self._rows, self._merge_from = rows, merge_from
 
     def _merge(self, rows: list[int]) -> tuple[str, str] | None:
@@ -844,7 +855,7 @@ class KeyIndex:
             self.writer.execute(f"DELETE FROM {table}")
         self.writer.execute("DELETE FROM meta")
         self.writer.commit()
-        self._rows, self._merge_from = [0, 0], None
+        self._rows, self._merge_from, self._pos_written = [0, 0], None, None
 
     def disk_bytes(self) -> int:
         return sqlite_bytes(self.path)

@@ -508,6 +508,31 @@ def test_reset_forgets_the_filter_too(tmp_path: Path) -> None:
         ki.close()
 
 
+def test_a_checkpoint_with_nothing_new_adds_nothing_to_the_write_ahead_log(tmp_path: Path) -> None:
+    """An idle daemon checkpoints every second: with no change and the same log position, the
+    key and far indexes' commits write no page (each wrote its meta page, 16 KiB a second)."""
+    ki, far = KeyIndex(tmp_path / "keys.sqlite"), FarIndex(tmp_path / "far.sqlite")
+    try:
+        for index in (ki, far):
+            wal = Path(f"{index.path}-wal")
+            index.commit(5)
+            size = wal.stat().st_size
+            for _ in range(3):
+                if index is ki:
+                    ki.expire(1_000)  # (queued by every checkpoint; nothing is old enough here)
+                index.commit(5)
+            assert wal.stat().st_size == size and index.commit_pos == 5
+            index.commit(6)
+            assert wal.stat().st_size > size and index.commit_pos == 6
+            index.reset()  # (forgets the position: the next commit records it again)
+            assert index.commit_pos == 0
+            index.commit(6)
+            assert index.commit_pos == 6
+    finally:
+        ki.close()
+        far.close()
+
+
 ODD_KEYS = ["a\x00b", "\x00", 'q"', "back\\", "\n\t\r\b\f", "\x01\x1f\x7f", "\u2028", "é", "𝄞", "plain", "a\x00b"]
 
 
