@@ -443,8 +443,9 @@ class Store:
 
     def disk_bytes(self) -> int:
         """The data directory's bytes: segments, wheel, checkpoint and the SQLite indexes with
-        their write-ahead logs (a log grows to SQLite's 1,000 pages, 16 MB, and is then written
-        again from its start, while no reader holds it)."""
+        their write-ahead logs (a log grows to SQLite's 1,000 pages, 16 MB with 16 KiB pages, and
+        is then written again from its start, while no reader holds it). Ready queues count their
+        units, from memory."""
         total = self.commit.disk_bytes() + self.timers.log.files.disk_bytes() + self.msgs.disk_bytes()
         total += self.ready.disk_bytes() + self.keys.disk_bytes() + self.far.disk_bytes()
         for p in (self.data.layout.timerwheel, self.data.layout.checkpoint):
