@@ -272,7 +272,7 @@ class Groups:
         g = self.groups.get(key)
         if g is None:
             q = self.store.queue(topic)
-            first = q.start if start == "earliest" else q.end
+            first = self.store.earliest(topic) if start == "earliest" else q.end
             g = Group(topic, name, max_attempts or self.default_max_attempts, first, first, start)
             self.groups[key] = g
             self.log_event(topic, name, {"op": "create", "start": first, "mode": start,

@@ -53,14 +53,14 @@ READY_FORMAT = SegmentFormat("ready queue", b"DLREADY\xff", READY_VERSION, UNIT_
                              legacy=lambda first: len(first) == 8 and first[7] < SIGN_BIT)
 
 
-def unit_bounds(units: bytes) -> tuple[int, int]:
+def unit_bounds(units: bytes | memoryview) -> tuple[int, int]:
     """(lowest commit offset, latest release time) of packed units: the compiled core's
     `unit_bounds` when it is built, else `bounds_py`, its reference."""
     c = native.compiled()
     return c.unit_bounds(units) if c is not None else bounds_py(units)
 
 
-def bounds_py(units: bytes) -> tuple[int, int]:
+def bounds_py(units: bytes | memoryview) -> tuple[int, int]:
     lo, hi = 1 << 62, 0
     for off, _size, _th, _due, released, _seq in UNIT.iter_unpack(units):
         lo, hi = min(lo, off), max(hi, released)

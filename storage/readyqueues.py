@@ -29,6 +29,7 @@ from delayd.storage.segments import list_segments, open_fd, read_header, segment
 
 DEFAULT_MAX_OPEN = 256
 NO_LOW = 1 << 62  # an empty queue pins nothing
+PIN_BLOCK = 4096  # units a block of what a queue pins (`pin`)
 
 
 @dataclass(slots=True)
@@ -60,7 +61,8 @@ class ReadyQueues:
         self.max_open = max(1, max_open)
         self._open: collections.OrderedDict[str, ReadyQueue] = collections.OrderedDict()
         self._bounds: dict[str, tuple[int, int]] = {}  # topic -> (start, end) unit indexes
-        self._low: dict[str, int] = {}  # topic -> lowest commit offset its units point at (when known)
+        # topic -> block (index // PIN_BLOCK) -> (lowest commit offset, latest release) of its units
+        self._blocks: dict[str, dict[int, tuple[int, int]]] = {}
         self._unsynced: set[Path] = set()  # segment files of closed queues written since the last fsync
         try:
             names = sorted(os.listdir(self.directory))
@@ -98,15 +100,48 @@ class ReadyQueues:
         start, end = self._bounds.get(topic, (0, 0))
         return end <= start or (end - 1) // self.segment_units == start // self.segment_units
 
-    def low(self, topic: str) -> int:
-        """The lowest commit-log offset the topic's units point at (what pins the commit log);
-        learnt once from the files, then kept up to date by appends."""
-        low = self._low.get(topic)
-        if low is None:
-            q = self._queue(topic)
-            low = min([lo for _f, _e, lo, _r in q.segments()] + [NO_LOW]) if q is not None else NO_LOW
-            self._low[topic] = low
-        return low
+    # -- what the units pin (no files opened once learnt) ---------------------------------------
+    def pin(self, topic: str, floor: int, cutoff_ms: int) -> int:
+        """The lowest commit-log offset the topic's units still need (what they pin of the commit
+        log): that of every block of PIN_BLOCK units holding a unit at or past `floor` (which a
+        consumer group has not settled) or released at `cutoff_ms` or later. The units of the
+        other blocks stay in the queue until their segment goes, but their records need not:
+        a queue whose segment never fills (a topic gone quiet) must not keep the whole log."""
+        unsettled = floor < self.end(topic)
+        return min((lo for b, (lo, hi) in self._learnt(topic).items()
+                    if (unsettled and (b + 1) * PIN_BLOCK > floor) or hi >= cutoff_ms), default=NO_LOW)
+
+    def earliest(self, topic: str, commit_start: int) -> int:
+        """The first unit whose record is still in the log (which starts at `commit_start`) with
+        none gone after it: where a new group starting at the earliest begins. Units before it
+        were settled by every group and released before the cutoff (`pin`)."""
+        start, end = self._bounds.get(topic, (0, 0))
+        gone = [b for b, (lo, _hi) in self._learnt(topic).items() if lo < commit_start]
+        if not gone:
+            return start
+        first = max(start, max(gone) * PIN_BLOCK)
+        after = first  # past the last unit of that block whose record is gone
+        for u in self.scan(topic, first):
+            if u.index >= (max(gone) + 1) * PIN_BLOCK:
+                break
+            if u.commit_offset < commit_start:
+                after = u.index + 1
+        return min(max(after, start), end)
+
+    def _learnt(self, topic: str) -> dict[int, tuple[int, int]]:
+        """The topic's blocks: learnt once from the files, then kept up to date by appends."""
+        blocks = self._blocks.get(topic)
+        if blocks is None:
+            blocks = {}
+            idx = self.start(topic)
+            while True:
+                first, units = self.read_packed(topic, idx, PIN_BLOCK - idx % PIN_BLOCK)
+                if not units:
+                    break
+                _note(blocks, first, units)
+                idx = first + len(units) // UNIT_SIZE
+            self._blocks[topic] = blocks
+        return blocks
 
     # -- the LRU of open queues -----------------------------------------------------------------
     def _queue(self, topic: str, create: bool = False) -> ReadyQueue | None:
@@ -173,8 +208,9 @@ class ReadyQueues:
             first = q.append_packed(units)
         finally:
             self._bounds[topic] = (q.start, q.end)
-        if topic in self._low:
-            self._low[topic] = min(self._low[topic], unit_bounds(units)[0])
+        blocks = self._blocks.get(topic)
+        if blocks is not None:
+            _note(blocks, first, units)
         return first
 
     def truncate(self, topic: str, index: int) -> int:
@@ -194,8 +230,10 @@ class ReadyQueues:
             return []
         gone = q.delete_before(index)
         self._bounds[topic] = (q.start, q.end)
-        if gone:
-            self._low.pop(topic, None)  # learnt again from what is left
+        blocks = self._blocks.get(topic)
+        if gone and blocks is not None:
+            for b in [b for b in blocks if (b + 1) * PIN_BLOCK <= q.start]:
+                del blocks[b]
         self._unsynced -= {q.files.directory / segment_name(b) for b in gone}
         return gone
 
@@ -232,6 +270,19 @@ class ReadyQueues:
         while self._open:
             _topic, q = self._open.popitem(last=False)
             q.close()
+
+
+def _note(blocks: dict[int, tuple[int, int]], first: int, units: bytes) -> None:
+    """Fold packed units, the first at index `first`, into their blocks' bounds."""
+    view = memoryview(units)
+    i, n = 0, len(units) // UNIT_SIZE
+    while i < n:
+        b = (first + i) // PIN_BLOCK
+        j = min(n, (b + 1) * PIN_BLOCK - first)
+        lo, hi = unit_bounds(view[i * UNIT_SIZE:j * UNIT_SIZE])
+        had = blocks.get(b)
+        blocks[b] = (lo, hi) if had is None else (min(had[0], lo), max(had[1], hi))
+        i = j
 
 
 def fsync_paths(paths: list[Path]) -> None:

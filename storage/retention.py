@@ -4,7 +4,9 @@ Commit log and TimerLog need no per-message bookkeeping: a segment fully indexed
 holds nothing pending once the durable read time passes τ + roll window — whatever was due
 later than that rolled forward into a newer segment (RIP-43), so a far-future message never
 pins an old segment. `indexed_at` (kept here, saved in the checkpoint) says when each commit
-segment was first covered by a checkpoint. Message-table segments go when all their messages
+segment was first covered by a checkpoint. Ready-queue units pin their records while a group
+has not settled them or `retention_ms` has not passed since release (ReadyQueues.pin), also in
+a segment still being written. Message-table segments go when all their messages
 are final and their records are gone; a long-pending message pins only its own segment
 (`pins` remembers it, so the segment is not scanned again until that message is final).
 """
@@ -57,22 +59,22 @@ class Retention:
         horizon = read_time_ms - self.roll_window_ms - self.lookahead_ms - 2 * self.precision_ms \
             - RETENTION_MARGIN_MS
         low = min(durable_indexed, self.keys.commit_pos, self.far.commit_pos)
+        cutoff = now_ms - retention_ms
         for topic in self.ready.topics():
-            if self.ready.single_segment(topic):
-                # Nothing to delete (the segment being written stays); its units still pin the
-                # commit log. Known from memory: a thousand quiet topics open no file here.
-                low = min(low, self.ready.low(topic))
-                continue
-            keep_from = None
             end = self.ready.end(topic)
-            for first, seg_end, lo, released in self.ready.segments(topic):
-                if keep_from is None and seg_end <= needed.get(topic, seg_end) and released < now_ms - retention_ms \
-                        and seg_end < end:
-                    continue
-                keep_from = first if keep_from is None else keep_from
-                low = min(low, lo)
-            if keep_from:
-                gone["ready"] += len(self.ready.delete_before(topic, keep_from))
+            floor = needed.get(topic, end)  # (a topic without groups: every unit settled)
+            if not self.ready.single_segment(topic):  # (else nothing to delete: the segment being written stays)
+                keep_from = None
+                for first, seg_end, _lo, released in self.ready.segments(topic):
+                    if seg_end <= floor and released < cutoff and seg_end < end:
+                        continue
+                    keep_from = first
+                    break
+                if keep_from:
+                    gone["ready"] += len(self.ready.delete_before(topic, keep_from))
+            # The units still needed pin their records; known from memory: a thousand quiet topics
+            # open no file here.
+            low = min(low, self.ready.pin(topic, floor, cutoff))
         for base in self.commit.files.bases[:-1]:
             t = self.indexed_at.get(base)
             if t is None or t > horizon:

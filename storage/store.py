@@ -156,6 +156,11 @@ class Store:
         """A topic's ready queue as consumer groups read it (creates nothing)."""
         return self.ready.view(topic)
 
+    def earliest(self, topic: str) -> int:
+        """Where a consumer group starting at the earliest begins: the first ready unit whose
+        record retention kept (see ReadyQueues.earliest)."""
+        return self.ready.earliest(topic, self.commit.start)
+
     # ---------------------------------------------------------------------------------- produce
     def append_messages(self, msgs: list[NewMessage], now_ms: int,
                         cancels: list[tuple[int, str, str | None]] = ()) -> list[int]:  # type: ignore[assignment]
