@@ -29,7 +29,7 @@ from delayd.storage.segments import list_segments, open_fd, read_header, segment
 
 DEFAULT_MAX_OPEN = 256
 NO_LOW = 1 << 62  # an empty queue pins nothing
-PIN_BLOCK = 4096  # units a block of what a queue pins (`pin`)
+PIN_BLOCK = 4096  # units a block of what a queue pins (`pin`), or a segment's when fewer
 
 
 @dataclass(slots=True)
@@ -59,9 +59,10 @@ class ReadyQueues:
         self.directory = Path(directory)
         self.segment_units = segment_units
         self.max_open = max(1, max_open)
+        self.block = min(PIN_BLOCK, segment_units)  # (so a block never outlives its segment's units)
         self._open: collections.OrderedDict[str, ReadyQueue] = collections.OrderedDict()
         self._bounds: dict[str, tuple[int, int]] = {}  # topic -> (start, end) unit indexes
-        # topic -> block (index // PIN_BLOCK) -> (lowest commit offset, latest release) of its units
+        # topic -> block (index // self.block) -> (lowest commit offset, latest release) of its units
         self._blocks: dict[str, dict[int, tuple[int, int]]] = {}
         self._unsynced: set[Path] = set()  # segment files of closed queues written since the last fsync
         try:
@@ -103,13 +104,14 @@ class ReadyQueues:
     # -- what the units pin (no files opened once learnt) ---------------------------------------
     def pin(self, topic: str, floor: int, cutoff_ms: int) -> int:
         """The lowest commit-log offset the topic's units still need (what they pin of the commit
-        log): that of every block of PIN_BLOCK units holding a unit at or past `floor` (which a
-        consumer group has not settled) or released at `cutoff_ms` or later. The units of the
-        other blocks stay in the queue until their segment goes, but their records need not:
-        a queue whose segment never fills (a topic gone quiet) must not keep the whole log."""
+        log): that of every block of `block` units holding a unit at or past `floor` (which a
+        consumer group has not acked, a dead letter included) or released at `cutoff_ms` or
+        later. The units of the other blocks stay in the queue until their segment goes, but
+        their records need not: a queue whose segment never fills (a topic gone quiet) must not
+        keep the whole log."""
         unsettled = floor < self.end(topic)
         return min((lo for b, (lo, hi) in self._learnt(topic).items()
-                    if (unsettled and (b + 1) * PIN_BLOCK > floor) or hi >= cutoff_ms), default=NO_LOW)
+                    if (unsettled and (b + 1) * self.block > floor) or hi >= cutoff_ms), default=NO_LOW)
 
     def earliest(self, topic: str, commit_start: int) -> int:
         """The first unit whose record is still in the log (which starts at `commit_start`) with
@@ -119,10 +121,10 @@ class ReadyQueues:
         gone = [b for b, (lo, _hi) in self._learnt(topic).items() if lo < commit_start]
         if not gone:
             return start
-        first = max(start, max(gone) * PIN_BLOCK)
+        first = max(start, max(gone) * self.block)
         after = first  # past the last unit of that block whose record is gone
         for u in self.scan(topic, first):
-            if u.index >= (max(gone) + 1) * PIN_BLOCK:
+            if u.index >= (max(gone) + 1) * self.block:
                 break
             if u.commit_offset < commit_start:
                 after = u.index + 1
@@ -135,10 +137,10 @@ class ReadyQueues:
             blocks = {}
             idx = self.start(topic)
             while True:
-                first, units = self.read_packed(topic, idx, PIN_BLOCK - idx % PIN_BLOCK)
+                first, units = self.read_packed(topic, idx, self.block - idx % self.block)
                 if not units:
                     break
-                _note(blocks, first, units)
+                _note(blocks, self.block, first, units)
                 idx = first + len(units) // UNIT_SIZE
             self._blocks[topic] = blocks
         return blocks
@@ -210,7 +212,7 @@ class ReadyQueues:
             self._bounds[topic] = (q.start, q.end)
         blocks = self._blocks.get(topic)
         if blocks is not None:
-            _note(blocks, first, units)
+            _note(blocks, self.block, first, units)
         return first
 
     def truncate(self, topic: str, index: int) -> int:
@@ -232,7 +234,7 @@ class ReadyQueues:
         self._bounds[topic] = (q.start, q.end)
         blocks = self._blocks.get(topic)
         if gone and blocks is not None:
-            for b in [b for b in blocks if (b + 1) * PIN_BLOCK <= q.start]:
+            for b in [b for b in blocks if (b + 1) * self.block <= q.start]:
                 del blocks[b]
         self._unsynced -= {q.files.directory / segment_name(b) for b in gone}
         return gone
@@ -272,13 +274,14 @@ class ReadyQueues:
             q.close()
 
 
-def _note(blocks: dict[int, tuple[int, int]], first: int, units: bytes) -> None:
-    """Fold packed units, the first at index `first`, into their blocks' bounds."""
+def _note(blocks: dict[int, tuple[int, int]], block: int, first: int, units: bytes) -> None:
+    """Fold packed units, the first at index `first`, into the bounds of their blocks of `block`
+    units."""
     view = memoryview(units)
     i, n = 0, len(units) // UNIT_SIZE
     while i < n:
-        b = (first + i) // PIN_BLOCK
-        j = min(n, (b + 1) * PIN_BLOCK - first)
+        b = (first + i) // block
+        j = min(n, (b + 1) * block - first)
         lo, hi = unit_bounds(view[i * UNIT_SIZE:j * UNIT_SIZE])
         had = blocks.get(b)
         blocks[b] = (lo, hi) if had is None else (min(had[0], lo), max(had[1], hi))
