@@ -208,10 +208,12 @@ class Load:
         return self
 
     def stop(self, drain_s: float = 20.0) -> None:
-        self.stop_flag.set()
+        # The deadline before the flag: a consumer that saw the flag with no deadline yet (0)
+        # stopped at once, and messages due just after were reported LOST (torture, 2026-11-29).
         with self.lock:
             last_due = max(self.produced.values(), default=0)
         self.drain_until = max(now_ms(), last_due) + int(drain_s * 1000)
+        self.stop_flag.set()
         for th in self.threads:
             th.join(drain_s + 30)
 
