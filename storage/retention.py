@@ -5,10 +5,10 @@ holds nothing pending once the durable read time passes τ + roll window — wha
 later than that rolled forward into a newer segment (RIP-43), so a far-future message never
 pins an old segment. `indexed_at` (kept here, saved in the checkpoint) says when each commit
 segment was first covered by a checkpoint. Ready-queue units pin their records while a group
-has not acked them (dead letters included) or `retention_ms` has not passed since release (ReadyQueues.pin), also in
-a segment still being written. Message-table segments go when all their messages
-are final and their records are gone; a long-pending message pins only its own segment
-(`pins` remembers it, so the segment is not scanned again until that message is final).
+has not acked them (dead letters included) or `retention_ms` has not passed since release
+(ReadyQueues.pin), also in a segment still being written. Message-table segments go when all
+their messages are final and their records are gone; a long-pending message pins only its own
+segment (`pins` remembers it, so the segment is not scanned again until that message is final).
 """
 
 from __future__ import annotations
