@@ -14,6 +14,7 @@ import contextlib
 import time
 
 from delayd.storage.keyindex import sqlite_bytes
+from delayd.storage.segments import list_segments
 
 from tests.integration.helpers import ack, drain, now_ms, produce, pull
 from tests.support.daemon import DaemonProcess, wait_until
@@ -34,9 +35,6 @@ retention_interval_ms = 200
 def test_disk_falls_back_after_load_and_far_message_is_on_time(tmp_path):
     data = tmp_path / "data"
     d = DaemonProcess(data, config_text=SMALL).start()
-
-    def segments(kind):
-        return sorted(int(p.name) for p in (data / kind).iterdir() if p.name.isdigit())
 
     def disk_without_sqlite():
         # The SQLite indexes' write-ahead logs grow a page a checkpoint (10 a second here) up to
@@ -75,9 +73,9 @@ def test_disk_falls_back_after_load_and_far_message_is_on_time(tmp_path):
             time.sleep(max(0.0, tick - time.monotonic()))
         # While the load ran, retention deleted the oldest segments of every kind...
         for kind in ("commitlog", "timerlog", "ready/steady"):
-            assert segments(kind)[0] > 0, f"the oldest {kind} segments should be deleted"
+            assert list_segments(data / kind)[0] > 0, f"the oldest {kind} segments should be deleted"
         # ...but not the message table's first segment: it holds the far message, still pending.
-        table = segments("msgtable")
+        table = list_segments(data / "msgtable")
         assert table[0] == 0 and table[1] > 1, table[:4]
 
         # Once consumers are done, disk falls back to the segments being written (about 180 KB
@@ -117,9 +115,8 @@ def test_a_quiet_topic_does_not_keep_the_log(tmp_path):
             produce(d, "busy", [{"body": "x" * 200, "delay_ms": 100} for _ in range(100)])
         assert len(drain(d, "busy", "g", 500)) == 500
 
-        def first_commit_segment_gone():
-            return min(int(p.name) for p in (data / "commitlog").iterdir() if p.name.isdigit()) > 0
-        wait_until(first_commit_segment_gone, 30, 0.05, "retention to delete the first commit segment")
+        wait_until(lambda: list_segments(data / "commitlog")[0] > 0, 30, 0.05,
+                   "retention to delete the first commit segment")
         # A group created now starts past the unit whose record is gone (not at an unreadable
         # message it would dead-letter), and gets what comes next.
         assert pull(d, "quiet", "late") == []
