@@ -93,7 +93,6 @@ class ReadyQueue:
         tail = self.files.end % UNIT_SIZE
         if tail and not readonly:
             self.files.truncate(self.files.end - tail, "ready queue: torn unit")
-        self._stats: dict[int, tuple[int, int]] = {}  # segment base (bytes) -> (min offset, max released)
 
     @property
     def end(self) -> int:
@@ -118,42 +117,12 @@ class ReadyQueue:
             while i < n:
                 room = max(1, self.files.remaining() // UNIT_SIZE) * UNIT_SIZE
                 chunk = data[i:i + room]
-                pos = self.files.append(chunk)
-                base = self.files.segment_of(pos)
-                lo, hi = self.segment_stats(base) if base in self._stats else (1 << 62, 0)
-                clo, chi = unit_bounds(chunk)
-                self._stats[base] = (min(lo, clo), max(hi, chi))
+                self.files.append(chunk)
                 i += len(chunk)
         except DiskFull:
             self.files.truncate(first * UNIT_SIZE, "ready queue: undo a write that hit a full disk")
             raise
         return first
-
-    def segment_stats(self, base: int) -> tuple[int, int]:
-        """(lowest commit offset, latest release time) of the units in the segment at byte
-        `base`: what retention needs to know. Computed once per segment, then kept current."""
-        st = self._stats.get(base)
-        if st is None:
-            lo, hi = 1 << 62, 0
-            end = self.files.segment_end(base)
-            pos = base
-            while pos < end:
-                buf = self.files.read(pos, min(end - pos, 8192 * UNIT_SIZE))
-                for u in UNIT.iter_unpack(buf[:len(buf) - len(buf) % UNIT_SIZE]):
-                    lo, hi = min(lo, u[0]), max(hi, u[4])
-                pos += len(buf)
-            st = self._stats[base] = (lo, hi)
-        return st
-
-    def segments(self) -> list[tuple[int, int, int, int]]:
-        """(first index, end index, lowest commit offset, latest release) for every segment."""
-        out = []
-        for base in self.files.bases:
-            end = self.files.segment_end(base)
-            if end > base:
-                lo, hi = self.segment_stats(base)
-                out.append((base // UNIT_SIZE, end // UNIT_SIZE, lo, hi))
-        return out
 
     def read(self, first: int, count: int) -> list[ReadyUnit]:
         """Up to `count` units from index `first` (fewer at a segment or queue end)."""
@@ -189,10 +158,7 @@ class ReadyQueue:
         self.files.flush()
 
     def delete_before(self, index: int) -> list[int]:
-        gone = self.files.delete_before(index * UNIT_SIZE)
-        for b in gone:
-            self._stats.pop(b, None)
-        return gone
+        return self.files.delete_before(index * UNIT_SIZE)
 
     def disk_bytes(self) -> int:
         return self.files.disk_bytes()

@@ -18,6 +18,7 @@ descriptor asks).
 
 from __future__ import annotations
 
+import bisect
 import collections
 import os
 from collections.abc import Iterator
@@ -59,10 +60,13 @@ class ReadyQueues:
         self.directory = Path(directory)
         self.segment_units = segment_units
         self.max_open = max(1, max_open)
-        self.block = min(PIN_BLOCK, segment_units)  # (so a block never outlives its segment's units)
+        # Blocks tile each segment from its first unit (the last of a segment is shorter when
+        # `block` does not divide `segment_units`), so a segment's figures are its blocks'.
+        self.block = min(PIN_BLOCK, segment_units)
+        self._per_segment = -(-segment_units // self.block)
         self._open: collections.OrderedDict[str, ReadyQueue] = collections.OrderedDict()
         self._bounds: dict[str, tuple[int, int]] = {}  # topic -> (start, end) unit indexes
-        # topic -> block (index // self.block) -> (lowest commit offset, latest release) of its units
+        # topic -> block (`_block`) -> (lowest commit offset, latest release) of its units
         self._blocks: dict[str, dict[int, tuple[int, int]]] = {}
         self._unsynced: set[Path] = set()  # segment files of closed queues written since the last fsync
         try:
@@ -111,20 +115,21 @@ class ReadyQueues:
         keep the whole log."""
         unsettled = floor < self.end(topic)
         return min((lo for b, (lo, hi) in self._learnt(topic).items()
-                    if (unsettled and (b + 1) * self.block > floor) or hi >= cutoff_ms), default=NO_LOW)
+                    if (unsettled and self._span(b)[1] > floor) or hi >= cutoff_ms), default=NO_LOW)
 
     def earliest(self, topic: str, commit_start: int) -> int:
         """The first unit whose record is still in the log (which starts at `commit_start`) with
         none gone after it: where a new group starting at the earliest begins. Units before it
         were settled by every group and released before the cutoff (`pin`)."""
         start, end = self._bounds.get(topic, (0, 0))
-        gone = [b for b, (lo, _hi) in self._learnt(topic).items() if lo < commit_start]
-        if not gone:
+        last = max((b for b, (lo, _hi) in self._learnt(topic).items() if lo < commit_start), default=None)
+        if last is None:
             return start
-        first = max(start, max(gone) * self.block)
+        first, stop = self._span(last)
+        first = max(start, first)
         after = first  # past the last unit of that block whose record is gone
         for u in self.scan(topic, first):
-            if u.index >= (max(gone) + 1) * self.block:
+            if u.index >= stop:
                 break
             if u.commit_offset < commit_start:
                 after = u.index + 1
@@ -137,13 +142,39 @@ class ReadyQueues:
             blocks = {}
             idx = self.start(topic)
             while True:
-                first, units = self.read_packed(topic, idx, self.block - idx % self.block)
+                first, units = self.read_packed(topic, idx, self._span(self._block(idx))[1] - idx)
                 if not units:
                     break
-                _note(blocks, self.block, first, units)
+                self._note(blocks, first, units)
                 idx = first + len(units) // UNIT_SIZE
             self._blocks[topic] = blocks
         return blocks
+
+    def _block(self, index: int) -> int:
+        """The block of unit `index`."""
+        seg, at = divmod(index, self.segment_units)
+        return seg * self._per_segment + at // self.block
+
+    def _span(self, block: int) -> tuple[int, int]:
+        """The first unit index of `block` and the one past its last."""
+        seg, k = divmod(block, self._per_segment)
+        first = seg * self.segment_units + k * self.block
+        return first, min(first + self.block, (seg + 1) * self.segment_units)
+
+    def _note(self, blocks: dict[int, tuple[int, int]], first: int, units: bytes) -> None:
+        """Fold packed units, the first at index `first`, into the figures of their blocks."""
+        view = memoryview(units)
+        i, n = 0, len(units) // UNIT_SIZE
+        size, block = self.segment_units, self.block
+        while i < n:
+            seg, at = divmod(first + i, size)  # (`_block` and `_span`, inline: every release batch comes here)
+            k = at // block
+            b = seg * self._per_segment + k
+            j = min(n, seg * size + min((k + 1) * block, size) - first)
+            lo, hi = unit_bounds(view[i * UNIT_SIZE:j * UNIT_SIZE])
+            had = blocks.get(b)
+            blocks[b] = (lo, hi) if had is None else (min(had[0], lo), max(had[1], hi))
+            i = j
 
     # -- the LRU of open queues -----------------------------------------------------------------
     def _queue(self, topic: str, create: bool = False) -> ReadyQueue | None:
@@ -193,8 +224,21 @@ class ReadyQueues:
             idx = batch[-1].index + 1
 
     def segments(self, topic: str) -> list[tuple[int, int, int, int]]:
+        """(first index, end index, lowest commit offset, latest release) of each segment of the
+        topic's queue that holds units: what retention decides a segment's deletion by, from
+        the blocks. A block across two segments (their size was changed between runs) counts
+        in both."""
         q = self._queue(topic)
-        return q.segments() if q is not None else []
+        if q is None:
+            return []
+        spans = [(b // UNIT_SIZE, q.files.segment_end(b) // UNIT_SIZE) for b in q.files.bases]
+        firsts = [f for f, _e in spans]
+        lows, highs = [NO_LOW] * len(spans), [0] * len(spans)
+        for b, (lo, hi) in self._learnt(topic).items():
+            first, end = self._span(b)
+            for i in range(max(bisect.bisect_right(firsts, first) - 1, 0), bisect.bisect_left(firsts, end)):
+                lows[i], highs[i] = min(lows[i], lo), max(highs[i], hi)
+        return [(f, e, lows[i], highs[i]) for i, (f, e) in enumerate(spans) if e > f]
 
     # -- writing --------------------------------------------------------------------------------
     def append(self, topic: str, units: list[tuple[int, int, int, int, int, int]]) -> int:
@@ -212,7 +256,7 @@ class ReadyQueues:
             self._bounds[topic] = (q.start, q.end)
         blocks = self._blocks.get(topic)
         if blocks is not None:
-            _note(blocks, self.block, first, units)
+            self._note(blocks, first, units)
         return first
 
     def truncate(self, topic: str, index: int) -> int:
@@ -234,7 +278,7 @@ class ReadyQueues:
         self._bounds[topic] = (q.start, q.end)
         blocks = self._blocks.get(topic)
         if gone and blocks is not None:
-            for b in [b for b in blocks if (b + 1) * self.block <= q.start]:
+            for b in [b for b in blocks if self._span(b)[1] <= q.start]:
                 del blocks[b]
         self._unsynced -= {q.files.directory / segment_name(b) for b in gone}
         return gone
@@ -272,20 +316,6 @@ class ReadyQueues:
         while self._open:
             _topic, q = self._open.popitem(last=False)
             q.close()
-
-
-def _note(blocks: dict[int, tuple[int, int]], block: int, first: int, units: bytes) -> None:
-    """Fold packed units, the first at index `first`, into the bounds of their blocks of `block`
-    units."""
-    view = memoryview(units)
-    i, n = 0, len(units) // UNIT_SIZE
-    while i < n:
-        b = (first + i) // block
-        j = min(n, (b + 1) * block - first)
-        lo, hi = unit_bounds(view[i * UNIT_SIZE:j * UNIT_SIZE])
-        had = blocks.get(b)
-        blocks[b] = (lo, hi) if had is None else (min(had[0], lo), max(had[1], hi))
-        i = j
 
 
 def fsync_paths(paths: list[Path]) -> None:
