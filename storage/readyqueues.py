@@ -269,6 +269,7 @@ class ReadyQueues:
             return q.truncate(max(index, q.start))
         finally:
             self._bounds[topic] = (q.start, q.end)
+            self._blocks.pop(topic, None)  # (learnt again from what is left, when next asked)
 
     def delete_before(self, topic: str, index: int) -> list[int]:
         q = self._queue(topic)

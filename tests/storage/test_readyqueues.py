@@ -8,7 +8,6 @@ import random
 from pathlib import Path
 
 import pytest
-
 from delayd.storage.readyqueue import UNIT, UNIT_SIZE, ReadyQueue, bounds_py
 from delayd.storage.readyqueues import PIN_BLOCK, ReadyQueues
 
@@ -68,4 +67,18 @@ def test_a_changed_segment_size_keeps_figures_on_the_safe_side(tmp_path: Path) -
     for (_f, _e, lo, hi), (_wf, _we, want_lo, want_hi) in zip(got, want, strict=True):
         assert lo <= want_lo and hi >= want_hi
     assert got != want  # (the case is really one of blocks across segments)
+    qs.close()
+
+
+def test_a_truncate_takes_its_units_out_of_the_figures(tmp_path: Path) -> None:
+    # Units cut off the end (a cut of the commit log took their RELEASE records) no longer count:
+    # the lowest offset left is that of the units kept, not of the ones cut.
+    qs = ReadyQueues(tmp_path, 3)
+    qs.append("t", [(1000 + i, 100, 0, 5, 50 + i, i) for i in range(5)])
+    qs.append("t", [(10 + i, 100, 0, 5, 90 + i, i) for i in range(2)])
+    assert qs.segments("t")[1][2:] == (10, 90) and qs.pin("t", 0, 0) == 10
+    assert qs.truncate("t", 5) == 2
+    assert qs.segments("t") == from_files(tmp_path / "t", 3)
+    assert qs.segments("t")[-1][2:] == (1003, 54) and qs.pin("t", 0, 0) == 1000
+    assert qs.pin("t", 3, 10**6) == 1003  # (block 0 acked and released before the cutoff)
     qs.close()
