@@ -18,7 +18,6 @@ descriptor asks).
 
 from __future__ import annotations
 
-import bisect
 import collections
 import os
 from collections.abc import Iterator
@@ -113,9 +112,9 @@ class ReadyQueues:
         later. The units of the other blocks stay in the queue until their segment goes, but
         their records need not: a queue whose segment never fills (a topic gone quiet) must not
         keep the whole log."""
-        unsettled = floor < self.end(topic)
+        unsettled = self._block(floor) if floor < self.end(topic) else None  # (it and every later block)
         return min((lo for b, (lo, hi) in self._learnt(topic).items()
-                    if (unsettled and self._span(b)[1] > floor) or hi >= cutoff_ms), default=NO_LOW)
+                    if hi >= cutoff_ms or (unsettled is not None and b >= unsettled)), default=NO_LOW)
 
     def earliest(self, topic: str, commit_start: int) -> int:
         """The first unit whose record is still in the log (which starts at `commit_start`) with
@@ -223,22 +222,22 @@ class ReadyQueues:
             yield from batch
             idx = batch[-1].index + 1
 
-    def segments(self, topic: str) -> list[tuple[int, int, int, int]]:
+    def segments(self, topic: str) -> Iterator[tuple[int, int, int, int]]:
         """(first index, end index, lowest commit offset, latest release) of each segment of the
-        topic's queue that holds units: what retention decides a segment's deletion by, from
-        the blocks. A block across two segments (their size was changed between runs) counts
-        in both."""
+        topic's queue that holds units, oldest first: what retention decides a segment's
+        deletion by, from the blocks, computed as asked (retention stops at the first segment it
+        keeps). A block across two segments (their size was changed between runs) counts in
+        both."""
         q = self._queue(topic)
         if q is None:
-            return []
-        spans = [(b // UNIT_SIZE, q.files.segment_end(b) // UNIT_SIZE) for b in q.files.bases]
-        firsts = [f for f, _e in spans]
-        lows, highs = [NO_LOW] * len(spans), [0] * len(spans)
-        for b, (lo, hi) in self._learnt(topic).items():
-            first, end = self._span(b)
-            for i in range(max(bisect.bisect_right(firsts, first) - 1, 0), bisect.bisect_left(firsts, end)):
-                lows[i], highs[i] = min(lows[i], lo), max(highs[i], hi)
-        return [(f, e, lows[i], highs[i]) for i, (f, e) in enumerate(spans) if e > f]
+            return
+        blocks = self._learnt(topic)
+        for base in q.files.bases:
+            first, end = base // UNIT_SIZE, q.files.segment_end(base) // UNIT_SIZE
+            if end > first:
+                held = [blocks[b] for b in range(self._block(first), self._block(end - 1) + 1) if b in blocks]
+                yield (first, end, min((lo for lo, _hi in held), default=NO_LOW),
+                       max((hi for _lo, hi in held), default=0))
 
     # -- writing --------------------------------------------------------------------------------
     def append(self, topic: str, units: list[tuple[int, int, int, int, int, int]]) -> int:

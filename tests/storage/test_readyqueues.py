@@ -42,15 +42,15 @@ def test_segment_figures_from_blocks_match_the_units(tmp_path: Path, segment_uni
     total = 300 if segment_units == 3 else 3 * segment_units + 123
     qs = ReadyQueues(tmp_path, segment_units)
     release(qs, rng, total // 3)
-    assert qs.segments("t") == from_files(tmp_path / "t", segment_units)  # learnt from the files
+    assert list(qs.segments("t")) == from_files(tmp_path / "t", segment_units)  # learnt from the files
     release(qs, rng, total - total // 3)  # kept current by the appends
-    assert qs.segments("t") == from_files(tmp_path / "t", segment_units)
+    assert list(qs.segments("t")) == from_files(tmp_path / "t", segment_units)
     assert qs.delete_before("t", 2 * segment_units)
-    assert qs.segments("t") == from_files(tmp_path / "t", segment_units)
-    assert qs.segments("t")[0][0] == 2 * segment_units
+    assert list(qs.segments("t")) == from_files(tmp_path / "t", segment_units)
+    assert list(qs.segments("t"))[0][0] == 2 * segment_units
     qs.close()
     qs = ReadyQueues(tmp_path, segment_units)
-    assert qs.segments("t") == from_files(tmp_path / "t", segment_units)
+    assert list(qs.segments("t")) == from_files(tmp_path / "t", segment_units)
     qs.close()
 
 
@@ -62,7 +62,7 @@ def test_a_changed_segment_size_keeps_figures_on_the_safe_side(tmp_path: Path) -
     release(qs, rng, 17_000)
     qs.close()
     qs = ReadyQueues(tmp_path, 4_000)
-    got, want = qs.segments("t"), from_files(tmp_path / "t", 5_000)
+    got, want = list(qs.segments("t")), from_files(tmp_path / "t", 5_000)
     assert [(f, e) for f, e, _lo, _hi in got] == [(f, e) for f, e, _lo, _hi in want]
     for (_f, _e, lo, hi), (_wf, _we, want_lo, want_hi) in zip(got, want, strict=True):
         assert lo <= want_lo and hi >= want_hi
@@ -76,9 +76,9 @@ def test_a_truncate_takes_its_units_out_of_the_figures(tmp_path: Path) -> None:
     qs = ReadyQueues(tmp_path, 3)
     qs.append("t", [(1000 + i, 100, 0, 5, 50 + i, i) for i in range(5)])
     qs.append("t", [(10 + i, 100, 0, 5, 90 + i, i) for i in range(2)])
-    assert qs.segments("t")[1][2:] == (10, 90) and qs.pin("t", 0, 0) == 10
+    assert list(qs.segments("t"))[1][2:] == (10, 90) and qs.pin("t", 0, 0) == 10
     assert qs.truncate("t", 5) == 2
-    assert qs.segments("t") == from_files(tmp_path / "t", 3)
-    assert qs.segments("t")[-1][2:] == (1003, 54) and qs.pin("t", 0, 0) == 1000
+    assert list(qs.segments("t")) == from_files(tmp_path / "t", 3)
+    assert list(qs.segments("t"))[-1][2:] == (1003, 54) and qs.pin("t", 0, 0) == 1000
     assert qs.pin("t", 3, 10**6) == 1003  # (block 0 acked and released before the cutoff)
     qs.close()
