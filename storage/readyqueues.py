@@ -278,7 +278,8 @@ class ReadyQueues:
         self._bounds[topic] = (q.start, q.end)
         blocks = self._blocks.get(topic)
         if gone and blocks is not None:
-            for b in [b for b in blocks if self._span(b)[1] <= q.start]:
+            kept = self._block(q.start)  # (the blocks before it end at or before the start)
+            for b in [b for b in blocks if b < kept]:
                 del blocks[b]
         self._unsynced -= {q.files.directory / segment_name(b) for b in gone}
         return gone

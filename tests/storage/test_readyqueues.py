@@ -48,6 +48,8 @@ def test_segment_figures_from_blocks_match_the_units(tmp_path: Path, segment_uni
     assert qs.delete_before("t", 2 * segment_units)
     assert list(qs.segments("t")) == from_files(tmp_path / "t", segment_units)
     assert list(qs.segments("t"))[0][0] == 2 * segment_units
+    # The deleted segments' blocks went with them: what the units left pin is theirs alone.
+    assert qs.pin("t", 2 * segment_units, 0) == min(lo for _f, _e, lo, _hi in from_files(tmp_path / "t", segment_units))
     qs.close()
     qs = ReadyQueues(tmp_path, segment_units)
     assert list(qs.segments("t")) == from_files(tmp_path / "t", segment_units)
