@@ -164,12 +164,9 @@ class ReadyQueues:
         """Fold packed units, the first at index `first`, into the figures of their blocks."""
         view = memoryview(units)
         i, n = 0, len(units) // UNIT_SIZE
-        size, block = self.segment_units, self.block
         while i < n:
-            seg, at = divmod(first + i, size)  # (`_block` and `_span`, inline: every release batch comes here)
-            k = at // block
-            b = seg * self._per_segment + k
-            j = min(n, seg * size + min((k + 1) * block, size) - first)
+            b = self._block(first + i)
+            j = min(n, self._span(b)[1] - first)
             lo, hi = unit_bounds(view[i * UNIT_SIZE:j * UNIT_SIZE])
             had = blocks.get(b)
             blocks[b] = (lo, hi) if had is None else (min(had[0], lo), max(had[1], hi))
