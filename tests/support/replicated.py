@@ -126,8 +126,17 @@ class Cluster:
         return list(self.cluster(primary)["isr"]["members"])
 
     def wait_isr(self, primary: str, size: int, timeout_s: float = 15.0) -> list[str]:
-        return list(wait_until(lambda: (m := self.isr(primary)) and len(m) == size and m, timeout_s, 0.05,
-                               f"an in-sync set of {size}"))
+        """The primary's in-sync set once it has `size` members. A poll answered 503 `unavailable`
+        (the coordinator did not answer the primary in time, as on a loaded machine after a fault)
+        is "not yet", like a set of the wrong size; any other failed answer fails at once."""
+        def members() -> list[str] | None:
+            status, body = self.get(primary, "/v1/cluster")
+            if status == 503 and isinstance(body, dict) and body.get("error", {}).get("code") == "unavailable":
+                return None
+            assert status == 200, (status, body)
+            m = list(body["isr"]["members"])
+            return m if len(m) == size else None
+        return list(wait_until(members, timeout_s, 0.05, f"an in-sync set of {size}"))
 
     def describe(self, log_lines: int = 25) -> str:
         """What each member says of itself now (role, pipeline stages and depths, groups, counts)
