@@ -78,6 +78,8 @@ def wheel(outside: Path) -> Path:
     r = run([sys.executable, "-m", "build", "--wheel", "--outdir", str(outside / "dist"), str(src)], outside)
     # The metadata is current: no deprecation (the license as an SPDX expression, not a table).
     assert "deprecat" not in (r.stdout + r.stderr).lower(), r.stdout + r.stderr
+    # Every folder shipped is a declared package (setuptools warns of one that is not, as of broker/ui).
+    assert "absent from the `packages` configuration" not in r.stdout + r.stderr, r.stdout + r.stderr
     (whl,) = (outside / "dist").glob("delayd-*.whl")
     return whl
 
@@ -96,6 +98,8 @@ def test_wheel_holds_one_delayd_package_and_its_marker(wheel: Path) -> None:
     assert tops == {"delayd"}, f"only the delayd package is installed, not {tops}"
     assert "delayd/py.typed" in names
     assert {"delayd/broker/http.py", "delayd/storage/commitlog.py", "delayd/client/aio.py"} <= set(names)
+    console = {f"delayd/broker/ui/{p.name}" for p in (ROOT / "broker" / "ui").iterdir()}
+    assert console and console <= set(names), f"the web console's files are shipped: {sorted(console - set(names))}"
     meta = next(n for n in names if n.endswith(".dist-info/METADATA"))
     text = zipfile.ZipFile(wheel).read(meta).decode()
     assert "License-Expression: Apache-2.0" in text and "Project-URL: " in text
