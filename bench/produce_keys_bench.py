@@ -12,7 +12,10 @@ Rounds alternate keyless and keyed so both see the same machine; batches of 1,00
 messages, 100-byte bodies, delays over 1-48 h, fsync `always`. Prints the median of each and
 their ratio (issue 7: keyed must stay within 30% of keyless), and the daemon's CPU a message (psutil)
 while the messages are produced and with what the produce leaves to the next checkpoint (the key
-index's SQLite write), which comes after the answers.
+index's SQLite write), which comes after the answers. A round of the default 100,000 lasts about
+0.1 s on 2 cores, under the checkpoint's second, so its rate leaves most of that write to the wait
+after it; `--n 500000` rounds hold it (keyed/keyless about 0.6 there against 0.8 on 2 cores:
+BENCHMARKS.md, the thirty-second session).
 """
 
 from __future__ import annotations
