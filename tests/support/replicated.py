@@ -117,24 +117,30 @@ class Cluster:
             return p[0] if len(p) == 1 else None
         return str(wait_until(one, timeout_s, 0.05, "one primary"))
 
-    def cluster(self, name: str) -> dict[str, Any]:
+    def cluster_view(self, name: str) -> dict[str, Any] | None:
+        """`name`'s GET /v1/cluster; None while it answers 503 `unavailable` (the coordinator did
+        not answer it in time, as on a loaded machine after a fault): for polls, where that is
+        "not yet". Any other failed answer fails at once."""
         status, body = self.get(name, "/v1/cluster")
+        if status == 503 and isinstance(body, dict) and body.get("error", {}).get("code") == "unavailable":
+            return None
         assert status == 200, (status, body)
         return dict(body)
+
+    def cluster(self, name: str) -> dict[str, Any]:
+        view = self.cluster_view(name)
+        assert view is not None, f"{name}: /v1/cluster answered 503 unavailable"
+        return view
 
     def isr(self, primary: str) -> list[str]:
         return list(self.cluster(primary)["isr"]["members"])
 
     def wait_isr(self, primary: str, size: int, timeout_s: float = 15.0) -> list[str]:
-        """The primary's in-sync set once it has `size` members. A poll answered 503 `unavailable`
-        (the coordinator did not answer the primary in time, as on a loaded machine after a fault)
-        is "not yet", like a set of the wrong size; any other failed answer fails at once."""
+        """The primary's in-sync set once it has `size` members (a 503 `unavailable` is "not yet",
+        like a set of the wrong size: `cluster_view`)."""
         def members() -> list[str] | None:
-            status, body = self.get(primary, "/v1/cluster")
-            if status == 503 and isinstance(body, dict) and body.get("error", {}).get("code") == "unavailable":
-                return None
-            assert status == 200, (status, body)
-            m = list(body["isr"]["members"])
+            view = self.cluster_view(primary)
+            m = list(view["isr"]["members"]) if view is not None else []
             return m if len(m) == size else None
         return list(wait_until(members, timeout_s, 0.05, f"an in-sync set of {size}"))
 
