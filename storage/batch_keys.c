@@ -145,11 +145,47 @@ static void kf_drop(KfAhead *h) {
     h->n = 0;
 }
 
+/* Set the bits of packed keys (None left out), as kf_ahead takes them: a group's blocks prefetched,
+ * then set. No Python object is touched: it runs without the GIL. The number added. */
+static long long kf_add_packed(const KfArgs *a, uint8_t *bits, const Keys *k) {
+    long long n = 0;
+    for (Py_ssize_t i = 0; i < k->n;) {
+        uint64_t place[KF_AHEAD][KF_PROBES];
+        int g = 0;
+        for (; g < KF_AHEAD && i < k->n; i++) {
+            if (k->e[i].len == KEY_NONE) continue;
+            kf_places(a, k->e[i].hash, place[g]);
+            __builtin_prefetch(bits + (place[g][0] >> 3), 1);
+            g++;
+        }
+        for (int j = 0; j < g; j++)
+            for (int p = 0; p < KF_PROBES; p++) bits[place[j][p] >> 3] |= (uint8_t)(1u << (place[j][p] & 7));
+        n += g;
+    }
+    return n;
+}
+
+/* filter_add(bits, topic, keys, alone=False): add (topic, key) for every key that is not None; the
+ * number added. `alone`: no other thread uses the bits meanwhile (a build's own filter, not
+ * installed yet), so packed keys (Keys, hashed when they were read) are added without the GIL. */
 PyObject *filter_add(PyObject *self, PyObject *args) {
-    KfArgs a;
-    if (kf_open(args, &a) < 0) { kf_close(&a); return NULL; }
+    PyObject *bo, *topic, *keys;
+    int alone = 0;
+    KfArgs a = {.bits.held = 0, .keys = NULL};
+    if (!PyArg_ParseTuple(args, "OOO|p", &bo, &topic, &keys, &alone) || kf_bits(bo, &a) < 0 ||
+        kf_keys(topic, keys, &a) < 0 || buf_get(bo, &a.bits, 1, "bits") < 0) {
+        kf_close(&a);
+        return NULL;
+    }
     uint8_t *bits = a.bits.view.buf;
     long long n = 0;
+    if (alone && keys_check(a.keys)) {
+        Py_BEGIN_ALLOW_THREADS
+        n = kf_add_packed(&a, bits, (const Keys *)a.keys);
+        Py_END_ALLOW_THREADS
+        kf_close(&a);
+        return PyLong_FromLongLong(n);
+    }
     KfAhead h;
     for (Py_ssize_t i = 0; i < ks_len(a.keys); i += KF_AHEAD) {
         kf_ahead(&a, i, &h, 1);

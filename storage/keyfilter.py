@@ -3,7 +3,7 @@
 Most keys a producer sends are new. Without a filter every one of them costs a B-tree lookup in
 keys.sqlite on the event loop (1.0-1.5 µs a key, a third of a keyed produce); with it, a key the
 filter has never seen is known to be free after one probe of one cache line, and only the keys
-the filter may hold (those held, and at most about 0.1% more, 2.5% in a filter of more than 4M
+the filter may hold (those held, and at most about 0.005% more, 2.5% in a filter of more than 4M
 keys: false positives) are looked up.
 
 It is a blocked Bloom filter (Putze, Sanders and Singler, "Cache-, Hash- and Space-Efficient
@@ -42,11 +42,12 @@ from delayd.storage import native
 BLOCK = 64  # bytes a block
 PROBES = 6
 # Bits a key at capacity: BITS_PER_KEY (about 2.5% false maybes), or up to SMALL_BITS_PER_KEY
-# (about 0.1%) while the filter stays within SMALL_FILTER_BYTES. False maybes cost a SQLite query
-# on the event loop (BENCHMARKS.md: up to 170 us a batch of 1,000 new keys at 8 bits a key), and
-# 4 MiB is little next to what a big index costs; past 4M keys of capacity it is 1 byte a key.
+# (about 0.005%; 16 bits: 0.12%) while the filter stays within SMALL_FILTER_BYTES. False maybes
+# cost a SQLite query on the event loop (BENCHMARKS.md: up to 170 us a batch of 1,000 new keys at
+# 8 bits a key, 30-100 us for one or two keys), and 4 MiB is little next to what a big index
+# costs; past 4M keys of capacity it is 1 byte a key.
 BITS_PER_KEY = 8
-SMALL_BITS_PER_KEY = 16
+SMALL_BITS_PER_KEY = 32
 SMALL_FILTER_BYTES = 4 << 20
 MIN_CAPACITY = 1 << 16
 GOLDEN = 0x9E3779B97F4A7C15
@@ -92,8 +93,9 @@ def _places(key: Any, tpart: int, nblocks: int) -> list[int]:
     return [base + ((w >> (9 * i)) & 511) for i in range(PROBES)]
 
 
-def filter_add(bits: bytearray, topic: str, keys: Sequence[Any]) -> int:
-    """Add (topic, key) for every key that is not None; the number added."""
+def filter_add(bits: bytearray, topic: str, keys: Sequence[Any], alone: bool = False) -> int:
+    """Add (topic, key) for every key that is not None; the number added. `alone`: no other
+    thread uses `bits` meanwhile (the compiled one then adds packed keys without the GIL)."""
     nblocks, t = _checked(bits, topic, keys)
     n = 0
     for key in keys:
@@ -165,9 +167,10 @@ class KeyFilter:
         self.bits = bytearray(nblocks * BLOCK)
         self.added = 0
 
-    def add(self, topic: str, keys: Sequence[str | None]) -> int:
-        """Add the pairs; how many keys were added (those not None)."""
-        n: int = ops.filter_add(self.bits, topic, keys)
+    def add(self, topic: str, keys: Sequence[str | None], alone: bool = False) -> int:
+        """Add the pairs; how many keys were added (those not None). `alone`: only while no other
+        thread uses the filter (its build), and then a produce's packed keys without the GIL."""
+        n: int = ops.filter_add(self.bits, topic, keys, alone)
         self.added += n
         return n
 

@@ -418,6 +418,7 @@ MERGE_SLICE = 1 << 18
 # 1 / (GROWTH - 1) times over its life; past 4M keys of capacity the filter costs
 # BITS_PER_KEY * GROWTH bits a held key right after a build (storage.keyfilter `filter_bits`).
 GROWTH = 3
+CATCH_UP_PASSES = 3  # a build's passes over the keys recorded while it ran (FilterBuild)
 
 
 class FilterBuild:
@@ -427,12 +428,16 @@ class FilterBuild:
     `KeyIndex` installs is the scan's plus the recorded keys: a key the index holds at any later
     moment was either in the snapshot, or put after the build began, or in the overlay then
     (a put reaches the database only after its overlay entry exists, and leaves the overlay only
-    once the database holds it), so the filter lacks none of them."""
+    once the database holds it), so the filter lacks none of them. Once its scan is done, the
+    thread adds the keys recorded so far itself (`caught_up` of them; a produce's packed keys
+    without the GIL), and the install adds only those recorded after: adding 100,000 recorded
+    keys cost the event loop 2-3 ms (BENCHMARKS.md)."""
 
     def __init__(self, path: Path, recorded: list[tuple[str, Sequence[str | None]]], as_json: bool) -> None:
         self.path = path
         self.recorded = recorded
         self.as_json = as_json  # read the keys as JSON (`key_chunk`): where SQLite has json_group_array
+        self.caught_up = 0  # recorded[:caught_up] are in `result`
         self.result: KeyFilter | None = None
         self.failed = False
         self.stop = False
@@ -470,6 +475,11 @@ class FilterBuild:
                         if self.stop:
                             return
                         added, last = f.add_json(topic, key_chunk(db, table, topic, last))
+            for _ in range(CATCH_UP_PASSES):  # again for those recorded meanwhile (a list only grows)
+                upto = len(self.recorded)
+                for recorded_topic, recorded_keys in self.recorded[self.caught_up:upto]:
+                    f.add(recorded_topic, recorded_keys, alone=True)
+                self.caught_up = upto
             self.result = f
         except Exception as e:  # a damaged index: lookups stay correct without the filter
             log.warning("key filter not built (%s); every key is looked up in the index", e)
@@ -664,7 +674,7 @@ class KeyIndex:
             return
         self._build = None
         if b.result is not None:
-            for topic, keys in b.recorded:
+            for topic, keys in b.recorded[b.caught_up:]:  # (the build's thread added the others)
                 b.result.add(topic, keys)
             self._filter = b.result
             if b.result.full:  # filled while it was built: again, bigger

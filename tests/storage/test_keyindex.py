@@ -340,6 +340,8 @@ def test_keys_put_while_the_filter_is_built_are_never_missed(tmp_path: Path, mon
         assert not ki.filter_ready
         put_run(ki, claim, "t", ["in-overlay"], 2, [2])  # before the second build begins: in its overlay
         build.scan()  # the snapshot: "old" only
+        assert build.caught_up == len(build.recorded) > 0 and build.result is not None  # recorded so far: added by
+        assert build.result.maybe("t", ["in-overlay"]) == ["in-overlay"]                # the build's thread
         put_run(ki, claim, "t", ["after-scan"], 3, [3])
         ki.commit(3)  # both written, the overlay dropped
         assert ki.filter_ready  # the first filter: scan + recorded keys

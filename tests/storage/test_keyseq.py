@@ -60,14 +60,17 @@ def test_what_cannot_be_packed_is_refused() -> None:
        nblocks=st.integers(1, 8))
 def test_the_filter_gives_the_same_bits_and_answers_for_keys_and_their_list(batches: list[tuple[str, list[str | None]]],
                                                                           asked: list[str], nblocks: int) -> None:
-    bits = {kind: bytearray(keyfilter.BLOCK * nblocks) for kind in ("list", "keys", "ref")}
+    bits = {kind: bytearray(keyfilter.BLOCK * nblocks) for kind in ("list", "keys", "ref", "alone")}
     for topic, keys in batches:
         packed = c.Keys(keys)
         want = keyfilter.filter_claim(bits["ref"], topic, keys)
         assert c.filter_claim(bits["list"], topic, keys) == want
         assert c.filter_claim(bits["keys"], topic, packed) == want
-        assert bits["keys"] == bits["list"] == bits["ref"]
-        assert c.filter_add(bits["keys"], topic, packed) == c.filter_add(bits["list"], topic, keys)
+        assert c.filter_add(bits["alone"], topic, packed, True) == want[1]  # (without the GIL: a build's own filter)
+        assert bits["keys"] == bits["list"] == bits["ref"] == bits["alone"]
+        assert c.filter_add(bits["keys"], topic, packed) == c.filter_add(bits["list"], topic, keys) == \
+            c.filter_add(bits["alone"], topic, packed, True) == keyfilter.filter_add(bits["ref"], topic, keys, True)
+        assert bits["keys"] == bits["list"] == bits["ref"] == bits["alone"]
         assert c.filter_maybe(bits["keys"], topic, packed) == c.filter_maybe(bits["list"], topic, keys) == \
             keyfilter.filter_maybe(bits["list"], topic, keys)
         bits["ref"][:] = bits["list"]
