@@ -145,29 +145,10 @@ static void kf_drop(KfAhead *h) {
     h->n = 0;
 }
 
-/* Set the bits of packed keys (None left out), as kf_ahead takes them: a group's blocks prefetched,
- * then set. No Python object is touched: it runs without the GIL. The number added. */
-static long long kf_add_packed(const KfArgs *a, uint8_t *bits, const Keys *k) {
-    long long n = 0;
-    for (Py_ssize_t i = 0; i < k->n;) {
-        uint64_t place[KF_AHEAD][KF_PROBES];
-        int g = 0;
-        for (; g < KF_AHEAD && i < k->n; i++) {
-            if (k->e[i].len == KEY_NONE) continue;
-            kf_places(a, k->e[i].hash, place[g]);
-            __builtin_prefetch(bits + (place[g][0] >> 3), 1);
-            g++;
-        }
-        for (int j = 0; j < g; j++)
-            for (int p = 0; p < KF_PROBES; p++) bits[place[j][p] >> 3] |= (uint8_t)(1u << (place[j][p] & 7));
-        n += g;
-    }
-    return n;
-}
-
 /* filter_add(bits, topic, keys, alone=False): add (topic, key) for every key that is not None; the
  * number added. `alone`: no other thread uses the bits meanwhile (a build's own filter, not
- * installed yet), so packed keys (Keys, hashed when they were read) are added without the GIL. */
+ * installed yet), so packed keys (Keys, hashed when they were read: kf_ahead touches no Python
+ * object for them, and none can fail) are added without the GIL. */
 PyObject *filter_add(PyObject *self, PyObject *args) {
     PyObject *bo, *topic, *keys;
     int alone = 0;
@@ -179,15 +160,9 @@ PyObject *filter_add(PyObject *self, PyObject *args) {
     }
     uint8_t *bits = a.bits.view.buf;
     long long n = 0;
-    if (alone && keys_check(a.keys)) {
-        Py_BEGIN_ALLOW_THREADS
-        n = kf_add_packed(&a, bits, (const Keys *)a.keys);
-        Py_END_ALLOW_THREADS
-        kf_close(&a);
-        return PyLong_FromLongLong(n);
-    }
-    KfAhead h;
-    for (Py_ssize_t i = 0; i < ks_len(a.keys); i += KF_AHEAD) {
+    KfAhead h = {.failed = 0};
+    PyThreadState *released = alone && keys_check(a.keys) ? PyEval_SaveThread() : NULL;
+    for (Py_ssize_t i = 0; i < ks_len(a.keys) && !h.failed; i += KF_AHEAD) {
         kf_ahead(&a, i, &h, 1);
         for (Py_ssize_t j = 0; j < h.n; j++) {  /* the keys before a failed one are added, as one by one */
             if (h.at[j] < 0) continue;
@@ -195,10 +170,10 @@ PyObject *filter_add(PyObject *self, PyObject *args) {
             n++;
         }
         kf_drop(&h);
-        if (h.failed) { kf_close(&a); return NULL; }
     }
+    if (released) PyEval_RestoreThread(released);
     kf_close(&a);
-    return PyLong_FromLongLong(n);
+    return h.failed ? NULL : PyLong_FromLongLong(n);
 }
 
 PyObject *filter_maybe(PyObject *self, PyObject *args) {
