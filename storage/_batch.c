@@ -45,6 +45,7 @@ static PyMethodDef methods[] = {
     {"set_states", set_states, METH_VARARGS, "set message-table states"},
     {"seq_runs", seq_runs, METH_VARARGS, "runs of seqs for batched message-table reads"},
     {"encode_pull", encode_pull, METH_VARARGS, "the msgpack answer of a pull"},
+    {"record_keys", record_keys, METH_VARARGS, "the keys and seqs of records, packed"},
     {"parse_receipts", parse_receipts, METH_VARARGS, "indexes and tokens of receipts"},
     {"parse_receipts_raw", parse_receipts_raw, METH_VARARGS, "parse_receipts of an ack's msgpack body"},
     {"lateness", lateness, METH_VARARGS, "now - the due time of rows"},

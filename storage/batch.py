@@ -73,6 +73,7 @@ from delayd.storage.batch_pull import encode_pull as encode_pull
 from delayd.storage.batch_pull import parse_receipts as parse_receipts
 from delayd.storage.batch_pull import parse_receipts_raw as parse_receipts_raw
 from delayd.storage.batch_pull import read_plan as read_plan
+from delayd.storage.batch_pull import record_keys as record_keys
 from delayd.storage.batch_pull import take_rows as take_rows
 from delayd.storage.commitlog import HEADER as RECORD
 from delayd.storage.commitlog import MAX_RECORD, RECORD_VERSION, RecordFlag, RecordType

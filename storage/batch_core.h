@@ -367,6 +367,7 @@ BATCH_HIDDEN PyObject *tally(PyObject *self, PyObject *args);
 /* batch_pull.c: pull and ack */
 BATCH_HIDDEN PyObject *read_plan(PyObject *self, PyObject *args);
 BATCH_HIDDEN PyObject *encode_pull(PyObject *self, PyObject *args);
+BATCH_HIDDEN PyObject *record_keys(PyObject *self, PyObject *args);
 BATCH_HIDDEN PyObject *parse_receipts(PyObject *self, PyObject *args);
 BATCH_HIDDEN PyObject *parse_receipts_raw(PyObject *self, PyObject *args);
 BATCH_HIDDEN PyObject *take_rows(PyObject *self, PyObject *args);

@@ -1,7 +1,7 @@
 /*
  * pull in delayd.storage._batch: which stretches of the commit log to read, a consumer group's
- * new messages as PullRows, the msgpack answer of a pull, and the receipts of an ack. The Python
- * reference: storage/batch_pull.py.
+ * new messages as PullRows, the msgpack answer of a pull, the keys of released records, and the
+ * receipts of an ack. The Python reference: storage/batch_pull.py.
  */
 #include "batch_core.h"
 
@@ -305,6 +305,94 @@ done:
     out_free(&o);
     Py_XDECREF(problems);
     buf_release(&rb);
+    return res;
+}
+
+/* record_keys(locs, reads, stride=12) -> (keys, seqs, problems): the key (packed: Keys, None where
+ * the record has none or is a problem) and the seq (u64; 0 for a problem) of the record located at
+ * the start of each row of `locs` ((offset i64, size u32), rows of `stride` bytes), from `reads`
+ * as encode_pull takes them; problems as encode_pull names them (0 not read, torn, corrupt,
+ * version), UTF-8 checked for topic, tag and key. No object a record: dequeue-put marks a burst of
+ * keyed messages delivered in the key index with it. */
+typedef struct {
+    const uint8_t *key;
+    uint32_t kl;
+    uint64_t seq;
+} KeyAt;
+
+PyObject *record_keys(PyObject *self, PyObject *args) {
+    PyObject *locs_o, *reads_o;
+    Py_ssize_t stride = 12;
+    if (!PyArg_ParseTuple(args, "OO!|n", &locs_o, &PyList_Type, &reads_o, &stride)) return NULL;
+    Buf lb;
+    if (buf_get(locs_o, &lb, 0, "locs") < 0) return NULL;
+    Py_ssize_t nreads = PyList_GET_SIZE(reads_o), held = 0, n = 0;
+    Read *reads = PyMem_Calloc(nreads ? (size_t)nreads : 1, sizeof(Read));
+    KeyAt *at = NULL;
+    Keys *keys = NULL;
+    PyObject *problems = NULL, *seqs = NULL, *res = NULL;
+    if (!reads) { PyErr_NoMemory(); goto done; }
+    for (; held < nreads; held++) {
+        PyObject *t = PyList_GET_ITEM(reads_o, held);
+        PyObject *data;
+        long long start;
+        if (!PyArg_ParseTuple(t, "LO", &start, &data)) goto done;
+        reads[held].start = start;
+        if (buf_get(data, &reads[held].b, 0, "read") < 0) goto done;
+    }
+    if (stride < 12 || lb.view.len % stride) { PyErr_SetString(PyExc_ValueError, "locs/stride"); goto done; }
+    n = lb.view.len / stride;
+    at = PyMem_Calloc(n ? (size_t)n : 1, sizeof(KeyAt));
+    problems = PyList_New(0);
+    seqs = PyBytes_FromStringAndSize(NULL, 8 * n);
+    if (!at || !problems || !seqs) { if (!at) PyErr_NoMemory(); goto done; }
+    uint8_t *sq = (uint8_t *)PyBytes_AS_STRING(seqs);
+    size_t text = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const uint8_t *row = (const uint8_t *)lb.view.buf + i * stride;
+        int64_t off = rdi64(row);
+        uint32_t size = rd32(row + 8);
+        Read *rd = find_read(reads, nreads, off, size < RECORD_HEADER ? RECORD_HEADER : size);
+        int outcome = 0;
+        uint32_t len = 0;
+        const uint8_t *r = NULL;
+        if (rd) {
+            size_t pos = (size_t)(off - rd->start);
+            r = (const uint8_t *)rd->b.view.buf + pos;
+            outcome = check_record(rd->b.view.buf, (size_t)rd->b.view.len, pos, 1, &len);
+        }
+        if (r && !outcome) {
+            size_t tl = r[38], gl = r[39], kl = rd16(r + 40);
+            const uint8_t *topic = r + RECORD_HEADER, *tag = topic + tl, *key = tag + gl;
+            if (!utf8_ok(topic, tl) || !utf8_ok(tag, gl) || !utf8_ok(key, kl)) outcome = SCAN_CORRUPT;
+            else at[i] = (KeyAt){.key = kl ? key : NULL, .kl = (uint32_t)kl, .seq = rd64(r + 12)};
+        }
+        wr64(sq + 8 * i, (r && !outcome) ? at[i].seq : 0);
+        if (!r || outcome) {
+            PyObject *pr = Py_BuildValue("(ni)", i, r ? outcome : 0);
+            if (!pr || PyList_Append(problems, pr) < 0) { Py_XDECREF(pr); goto done; }
+            Py_DECREF(pr);
+            continue;
+        }
+        text += at[i].kl;
+    }
+    keys = keys_new(n, text);
+    if (!keys) goto done;
+    uint32_t place = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!at[i].key) continue;
+        if (keys_set(keys, i, (const char *)at[i].key, at[i].kl, place) < 0) goto done;
+        place += at[i].kl;
+    }
+    res = PyTuple_Pack(3, (PyObject *)keys, seqs, problems);
+done:
+    for (Py_ssize_t j = 0; j < held; j++) buf_release(&reads[j].b);
+    PyMem_Free(reads);
+    PyMem_Free(at);
+    Py_XDECREF(keys);
+    Py_XDECREF(seqs);
+    Py_XDECREF(problems);
+    buf_release(&lb);
     return res;
 }
 

@@ -1,7 +1,8 @@
 """The batch core's pull stage in Python: the reference of storage/batch_pull.c.
 
 A consumer group's take (`take_rows`), the commit-log stretches to read for it (`read_plan`), the
-msgpack answer (`encode_pull`) and an ack's receipts (`parse_receipts`, `parse_receipts_raw`).
+msgpack answer (`encode_pull`), the keys of released records (`record_keys`) and an ack's receipts
+(`parse_receipts`, `parse_receipts_raw`).
 storage/batch.py says how a reference and the compiled core relate; `batch.ops` is the one in use.
 
 PullRow (PROW = 56 bytes): a message a pull hands out (take_rows → encode_pull).
@@ -94,6 +95,47 @@ def encode_pull(rows: bytes, prefix: bytes, tokens: list[str], reads: list[tuple
                "delivered_at": released_at, "attempt": attempt}
         out.append({name: msg[name] for name in kept})
     return msgpack.packb({"messages": out}, use_bin_type=True), problems
+
+
+def record_keys(locs: bytes, reads: list[tuple[int, bytes]], stride: int = 12) -> tuple[list[str | None], bytes,
+                                                                                    list[tuple[int, int]]]:
+    """The key and the seq of the record located at the start of each row of `locs` ((offset
+    i64, size u32), rows of `stride` bytes: what release_rows gives for keyed messages, or ready
+    units), from `reads` ((commit-log offset, bytes) sorted by offset): (keys, seqs, problems),
+    a key per row (None: the record has none, or is a problem), the record's seq per row (u64;
+    0 for a problem), and the rows whose record is not in `reads` whole or does not check out
+    (CRC, version, UTF-8 of topic, tag and key) as (row index, outcome) — 0 not read, SCAN_TORN,
+    SCAN_CORRUPT, SCAN_VERSION — for the caller to read again through the commit log, as with
+    encode_pull. What dequeue-put marks delivered in the key index, without a Record a message
+    (the compiled one gives the keys packed, storage/batch_keyseq.c)."""
+    if not isinstance(stride, int):
+        raise TypeError("stride must be int")
+    if not isinstance(reads, list) or not all(isinstance(r, tuple) and len(r) == 2 and isinstance(r[0], int)
+                                              for r in reads):
+        raise TypeError("reads: expected a list of (offset, buffer)")
+    require(stride >= 12 and len(locs) % stride == 0, "locs/stride")
+    starts = [s for s, _ in reads]
+    keys: list[str | None] = []
+    seqs: list[int] = []
+    problems: list[tuple[int, int]] = []
+    for i, (off, size) in enumerate(struct.Struct(f"<qI{stride - 12}x").iter_unpack(locs)):
+        found = read_record(reads, starts, off, size)
+        key, seq = None, 0
+        if found is None or found[0] != SCAN_OK:
+            problems.append((i, 0 if found is None else found[0]))
+        else:
+            _c, _length, buf, at = found
+            (_l, _c2, _v, _t, _f, rseq, _d, _pa, _r, tl, gl, kl, _hl, _bl) = RECORD.unpack_from(buf, at)
+            raw = bytes(buf[at + RECORD.size:at + RECORD.size + tl + gl + kl])
+            try:
+                raw[:tl].decode()
+                raw[tl:tl + gl].decode()
+                key, seq = raw[tl + gl:].decode() or None, rseq
+            except UnicodeDecodeError:
+                problems.append((i, SCAN_CORRUPT))
+        keys.append(key)
+        seqs.append(seq)
+    return keys, struct.pack(f"<{len(seqs)}Q", *seqs), problems
 
 
 def read_plan(rows: bytes, stride: int, bases: bytes, span: int, gap: int) -> bytes:

@@ -49,6 +49,7 @@ READ_SPAN = 1 << 20  # read_many reads at most this much of the log at once
 READ_GAP = 64 * 1024  # and bridges gaps up to this between records it needs
 _WHOLE = 1 << 62  # a mapped segment is one stretch, whatever the gaps
 _STRETCH = struct.Struct("<qq")  # a stretch of the log to read: start, end
+_LOC = struct.Struct("<qI")  # a record's place: offset, size
 _SCHEDULED, _DELIVERED = MessageState.SCHEDULED, MessageState.DELIVERED
 _ROLL_BIT = int(UnitMagic.ROLL)
 
@@ -387,11 +388,7 @@ class Dispatch:
                 ops.set_states(seqs, msgs.spans, int(_DELIVERED))
                 n = len(seqs) // 8
                 if keyed:
-                    done = []
-                    for rec in self.read_many(list(struct.iter_unpack("<qI", keyed))):
-                        if isinstance(rec, Record) and rec.key is not None:
-                            done.append((now_ms, topic, rec.key, rec.seq))
-                    self.keys.delivered(done)
+                    self.keys_delivered(now_ms, topic, keyed, 12)
                 self.counters.delivered(topic, n)
                 out.batches.append((topic, first, units))
                 out.count += n
@@ -423,14 +420,22 @@ class Dispatch:
                     off, size = next((u[0], u[1]) for u in READY.iter_unpack(units) if u[5] == seq)
                 msgs.set(seq, _DELIVERED, off, size, roll)
         if count:
-            done = []
-            for r in self.read_many([(u[0], u[1]) for u in READY.iter_unpack(units)]):
-                if isinstance(r, Record) and r.key is not None:
-                    done.append((rec.produced_at, rec.topic, r.key, r.seq))
-            if done:
-                self.keys.delivered(done)
+            self.keys_delivered(rec.produced_at, rec.topic, units, READY.size)
             self.counters.delivered(rec.topic, len(seqs))
         return first, units
+
+    def keys_delivered(self, done_at: int, topic: str, locs: bytes, stride: int) -> None:
+        """The key index marks delivered at `done_at` the messages of `topic` whose records are
+        located at `locs` ((offset i64, size u32) at the start of each row of `stride` bytes):
+        their keys taken by the batch core (`record_keys`: one read per stretch of the log, no
+        Record a message; a burst of keyed messages cost dequeue-put 3.9 µs a message decoded,
+        BENCHMARKS.md); a record it could not take is read through the commit log, and one that
+        does not decode is left out (its key stays taken until it is reused or expires)."""
+        keys, seqs, problems = batch.ops.record_keys(locs, self.read_runs(locs, stride), stride)
+        self.keys.delivered_keys(done_at, topic, keys, seqs)
+        if problems:
+            again = self.read_many([_LOC.unpack_from(locs, i * stride) for i, _outcome in problems])
+            self.keys.delivered([(done_at, topic, r.key, r.seq) for r in again if isinstance(r, Record) and r.key is not None])
 
     def _topic(self, topic_hash: int, units: bytes) -> str:
         """The name of a topic hash (known for every topic counted since the start), else read

@@ -291,6 +291,7 @@ ops: Any = _compiled if _compiled is not None else sys.modules[__name__]
 
 Op = tuple[str, Any]
 TABLES = ("recent", "keys")  # the newer first
+DELIVERED = "UPDATE {table} SET done_at=? WHERE topic=? AND key=? AND seq=?"
 PUT = "INSERT OR REPLACE INTO recent (topic, key, seq, deliver_at, done_at) VALUES "
 PUT_ROW = "(?, ?, ?, ?, NULL)"
 # Parameters one INSERT of many rows carries at most (under the 999 of SQLite before 3.32).
@@ -361,6 +362,16 @@ def delivery_order(rows: list[tuple[int, str, str, int]]) -> list[tuple[int, str
         runs.append((topic, [r[2] for r in part]))
         flat.extend(part)
     return [flat[p] for p in array("Q", ops.key_order(runs))]
+
+
+def put_delivered(db: sqlite3.Connection, done_at: int, topic: str, keys: Sequence[str | None], seqs: bytes) -> None:
+    """Write `delivered_keys`' rows: message seqs[i] (u64s) holding keys[i] was delivered at
+    `done_at`. In key order, as `delivery_order`; the rows made by C-level iterators (no Python
+    code a row, no str a key before the writer's thread)."""
+    order, seq = memoryview(ops.key_order([(topic, keys)])).cast("Q"), memoryview(seqs).cast("Q")
+    for table in TABLES:
+        db.executemany(DELIVERED.format(table=table), zip(repeat(done_at), repeat(topic), map(keys.__getitem__, order),
+                                                          map(seq.__getitem__, order), strict=False))
 
 
 # Keys a chunk of a filter's build. Each chunk takes the GIL back twice (after SQLite's step and
@@ -700,6 +711,13 @@ class KeyIndex:
         if rows:
             self._ops.append(("delivered", rows))
 
+    def delivered_keys(self, done_at: int, topic: str, keys: Sequence[str | None], seqs: bytes) -> None:
+        """`delivered` for messages of one topic delivered at `done_at`: message seqs[i] (u64s)
+        holds keys[i] (None: it has none). `keys` as storage.batch `record_keys` gives them (the
+        compiled one: packed, no str a key); the writer takes the rows from them in key order."""
+        if len(keys) != keys.count(None):
+            self._ops.append(("delivered_keys", (done_at, topic, keys, seqs)))
+
     def expire(self, before_ms: int) -> None:
         """Forget keys of messages delivered before `before_ms` (outside the dedup window)."""
         self._ops.append(("expire", before_ms))
@@ -746,7 +764,9 @@ class KeyIndex:
             elif kind == "delivered":
                 arg = delivery_order(arg)
                 for table in TABLES:
-                    w.executemany(f"UPDATE {table} SET done_at=? WHERE topic=? AND key=? AND seq=?", arg)
+                    w.executemany(DELIVERED.format(table=table), arg)
+            elif kind == "delivered_keys":
+                put_delivered(w, *arg)
             elif kind == "expire":  # (a pair's older row in `keys` goes with its row in `recent`)
                 rows[1] -= w.execute("DELETE FROM keys WHERE (topic, key) IN (SELECT topic, key FROM recent "
                                      "WHERE done_at IS NOT NULL AND done_at < ?)", (arg,)).rowcount

@@ -733,6 +733,36 @@ def test_encode_pull(case: dict[str, Any]) -> None:
         assert msgpack.unpackb(got[0]) == {"messages": [{f: m[f] for f in keep} for m in msgpack.unpackb(full)["messages"]]}
 
 
+@SETTINGS
+@given(pull_case(), st.sampled_from([12, 20, pull_ref.PROW]))
+def test_record_keys(case: dict[str, Any], stride: int) -> None:
+    """The keys and seqs dequeue-put marks delivered in the key index, of pull_case's records
+    (flipped bits, with the CRC made right again or not, and not read at all), located by rows of
+    12 bytes, of 20 (more after the location) and by the PullRows themselves."""
+    rows = case["rows"]
+    locs = b"".join(rows[i:i + 12] + b"\x07" * (stride - 12) for i in range(0, len(rows), pull_ref.PROW))
+    if stride == pull_ref.PROW:
+        locs = rows
+    keys, seqs, problems = same(c.record_keys, pull_ref.record_keys, locs, case["reads"], stride)
+    assert isinstance(keys, c.Keys) and len(keys) == len(rows) // pull_ref.PROW
+    starts = [s for s, _ in case["reads"]]
+    bad = dict(problems)
+    for i, (off, size) in enumerate(struct.iter_unpack("<qI", b"".join(rows[j:j + 12] for j in range(0, len(rows), pull_ref.PROW)))):
+        if i in bad:
+            assert keys[i] is None and seqs[8 * i:8 * i + 8] == bytes(8)
+            continue
+        found = batch_common.read_record(case["reads"], starts, off, size)
+        assert found is not None
+        rec = commitlog.decode(found[2], found[3])  # the one decoder of records agrees
+        assert (keys[i], struct.unpack_from("<Q", seqs, 8 * i)[0]) == (rec.key, rec.seq)
+
+
+def test_record_keys_refuses_what_is_not_rows() -> None:
+    for args in ((b"x" * 13, []), (b"x" * 12, [], 11), (b"", [(0, b"")], 12.0), (b"", [(0,)]), (b"", [("a", b"")]),
+                 (b"", ((0, b""),))):
+        same(c.record_keys, pull_ref.record_keys, *args)
+
+
 receipt = st.one_of(
     st.builds(lambda node, seq, idx, tok: f"{node}-{seq:x}.{idx:x}.{tok}", st.sampled_from(["d", "s1"]),
               st.integers(1, 2**64 - 1), st.integers(0, 2**64 - 1), st.text(max_size=6)),

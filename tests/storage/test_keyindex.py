@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import struct
 import tempfile
 import time
 from array import array
@@ -13,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from delayd.storage import keyfilter, keyindex, overlay
+from delayd.storage import batch, keyfilter, keyindex, overlay
 from delayd.storage.farindex import FarIndex
 from delayd.storage.keyindex import FilterBuild, KeyIndex
 from hypothesis import given, settings
@@ -78,6 +79,11 @@ OPS = st.lists(st.one_of(
     st.just(("commit",))), max_size=25)
 
 
+def packed(keys: list[str | None]) -> Sequence[str | None]:
+    """`keys` as storage.batch `record_keys` gives them: packed by the compiled core, else a list."""
+    return batch.ops.Keys(keys) if batch.ops is not batch else keys
+
+
 def put_run(ki: KeyIndex, claim: bool, topic: str, keys: Sequence[str | None], seq: int, dues: list[int]) -> None:
     """ki.put_run, the keys claimed first when `claim` (as a produce puts them: asked and added
     to the filter in one pass, see KeyIndex.claim_many)."""
@@ -140,7 +146,10 @@ def test_the_written_index_is_what_the_operations_say_in_their_order(ops: list[t
                 elif op[0] == "delivered":
                     _, t, k, s = op
                     s = model.get((t, k), (0,))[0] if s is None else s
-                    ki.delivered([(s, t, k, s)])
+                    if s % 2:  # (as a release marks them: packed keys and their seqs, a None among them)
+                        ki.delivered_keys(s, t, packed([None, k]), struct.pack("<QQ", 0, s))
+                    else:
+                        ki.delivered([(s, t, k, s)])
                     if model.get((t, k), (None,))[0] == s:
                         model[(t, k)] = (*model[(t, k)][:2], s)
                 elif op[0] == "expire":

@@ -99,6 +99,32 @@ def test_produce_index_load_resolve_release(tmp_path: Path, clock: list[int]) ->
     s.close()
 
 
+def test_a_release_marks_its_keyed_messages_delivered_in_the_key_index(tmp_path: Path, clock: list[int]) -> None:
+    """dequeue-put takes the keys of the keyed messages it releases from their records (the batch
+    core's `record_keys`: one read per stretch of the log, records over several segments here)
+    and the key index records when each was delivered: what `expire` forgets a key by once the
+    dedup window is over."""
+    s = open_store(tmp_path, clock)
+    drv = Driver(s, clock)
+    msgs = [NewMessage(TOPICS[i % 2], b"x" * 50, T0 + 20 + i % 7, key=f"k{i}" if i % 3 else None) for i in range(120)]
+    seqs = s.append_messages(msgs, T0)
+    assert s.commit.files.segment_of(s.commit.end - 1) > 0
+    drv.advance(40)
+    assert sorted(u.seq for u in drv.released) == seqs
+    drv.checkpoint()
+    s.keys._filter = None  # (asked of the index itself)
+    done = {}
+    for seq, m in zip(seqs, msgs, strict=True):
+        if m.key is not None:
+            held, _due, done_at = s.keys.lookup(m.topic, m.key)
+            assert held == seq and done_at is not None and m.deliver_at <= done_at < m.deliver_at + 10
+            done[m.key] = done_at
+    s.keys.expire(max(done.values()) + 1)
+    drv.checkpoint()
+    assert all(s.keys.lookup(m.topic, m.key) is None for m in msgs if m.key is not None)
+    s.close()
+
+
 def test_a_second_store_on_the_same_directory_is_refused(tmp_path: Path, clock: list[int]) -> None:
     s = open_store(tmp_path, clock)
     with pytest.raises(StorageError):
