@@ -186,6 +186,14 @@ typedef struct {
 } Read;
 
 BATCH_HIDDEN Read *find_read(Read *reads, Py_ssize_t nreads, int64_t off, uint32_t size);
+/* A batch call's `reads` (a list of (start offset, buffer)) held as Read: the array (PyMem), their
+ * number in *n; NULL with an error set and nothing held. reads_release lets them go (NULL: none). */
+BATCH_HIDDEN Read *reads_get(PyObject *list, Py_ssize_t *n);
+BATCH_HIDDEN void reads_release(Read *reads, Py_ssize_t n);
+/* The record located at (off, size) in `reads` with check_record's outcome (the CRC checked) in
+ * *outcome and, when 0, its length in *length; NULL (outcome 0) when no read holds it. */
+BATCH_HIDDEN const uint8_t *record_in(Read *reads, Py_ssize_t nreads, int64_t off, uint32_t size, int *outcome,
+                                      uint32_t *length);
 
 /* ------------------------------------------------------------------------------------------ */
 /* UTF-8 (batch_util.c), msgpack reading and writing                                           */

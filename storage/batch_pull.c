@@ -172,13 +172,13 @@ PyObject *encode_pull(PyObject *self, PyObject *args) {
     uint8_t nfields = (uint8_t)__builtin_popcountll(fields);
     Buf rb;
     if (buf_get(rows_o, &rb, 0, "rows") < 0) return NULL;
-    Py_ssize_t nreads = PyList_GET_SIZE(reads_o), held = 0, ntok = PyList_GET_SIZE(tokens_o);
-    Read *reads = PyMem_Calloc(nreads ? (size_t)nreads : 1, sizeof(Read));
+    Py_ssize_t nreads = 0, ntok = PyList_GET_SIZE(tokens_o);
+    Read *reads = NULL;
     const char **tok = PyMem_Calloc(ntok ? (size_t)ntok : 1, sizeof(char *));
     Py_ssize_t *toklen = PyMem_Calloc(ntok ? (size_t)ntok : 1, sizeof(Py_ssize_t));
     Out o = {0};
     PyObject *problems = NULL, *res = NULL;
-    if (!reads || !tok || !toklen) { PyErr_NoMemory(); goto done; }
+    if (!tok || !toklen) { PyErr_NoMemory(); goto done; }
     for (Py_ssize_t k = 0; k < ntok; k++) {
         PyObject *t = PyList_GET_ITEM(tokens_o, k);
         if (!PyUnicode_Check(t) || !(tok[k] = PyUnicode_AsUTF8AndSize(t, &toklen[k]))) {
@@ -187,14 +187,7 @@ PyObject *encode_pull(PyObject *self, PyObject *args) {
             goto done;
         }
     }
-    for (; held < nreads; held++) {
-        PyObject *t = PyList_GET_ITEM(reads_o, held);
-        PyObject *data;
-        long long start;
-        if (!PyArg_ParseTuple(t, "LO", &start, &data)) goto done;
-        reads[held].start = start;
-        if (buf_get(data, &reads[held].b, 0, "read") < 0) goto done;
-    }
+    if (!(reads = reads_get(reads_o, &nreads))) goto done;
     if (rb.view.len % PROW) { PyErr_SetString(PyExc_ValueError, "rows"); goto done; }
     problems = PyList_New(0);
     if (!problems) goto done;
@@ -218,19 +211,11 @@ PyObject *encode_pull(PyObject *self, PyObject *args) {
                 if (asize > 64) __builtin_prefetch(a + 64);
             }
         }
-        int64_t off = rdi64(row);
-        uint32_t size = rd32(row + 8);
         uint32_t token = rd32(row + 52);
         if (token >= (uint64_t)ntok) { PyErr_SetString(PyExc_IndexError, "token"); goto done; }
-        Read *rd = find_read(reads, nreads, off, size < RECORD_HEADER ? RECORD_HEADER : size);
-        int outcome = 0;
+        int outcome;
         uint32_t len = 0;
-        const uint8_t *r = NULL;
-        if (rd) {
-            size_t at = (size_t)(off - rd->start);
-            r = (const uint8_t *)rd->b.view.buf + at;
-            outcome = check_record(rd->b.view.buf, (size_t)rd->b.view.len, at, 1, &len);
-        }
+        const uint8_t *r = record_in(reads, nreads, rdi64(row), rd32(row + 8), &outcome, &len);
         const uint8_t *topic = NULL, *tag = NULL, *key = NULL, *hdr = NULL, *body = NULL;
         size_t tl = 0, gl = 0, kl = 0, hl = 0, bl = 0;
         if (r && !outcome) {
@@ -298,8 +283,7 @@ PyObject *encode_pull(PyObject *self, PyObject *args) {
     if (!body_o) goto done;
     res = Py_BuildValue("(NO)", body_o, problems);
 done:
-    for (Py_ssize_t j = 0; j < held; j++) buf_release(&reads[j].b);
-    PyMem_Free(reads);
+    reads_release(reads, nreads);
     PyMem_Free(tok);
     PyMem_Free(toklen);
     out_free(&o);
@@ -326,20 +310,12 @@ PyObject *record_keys(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OO!|n", &locs_o, &PyList_Type, &reads_o, &stride)) return NULL;
     Buf lb;
     if (buf_get(locs_o, &lb, 0, "locs") < 0) return NULL;
-    Py_ssize_t nreads = PyList_GET_SIZE(reads_o), held = 0, n = 0;
-    Read *reads = PyMem_Calloc(nreads ? (size_t)nreads : 1, sizeof(Read));
+    Py_ssize_t nreads = 0, n = 0;
     KeyAt *at = NULL;
     Keys *keys = NULL;
     PyObject *problems = NULL, *seqs = NULL, *res = NULL;
-    if (!reads) { PyErr_NoMemory(); goto done; }
-    for (; held < nreads; held++) {
-        PyObject *t = PyList_GET_ITEM(reads_o, held);
-        PyObject *data;
-        long long start;
-        if (!PyArg_ParseTuple(t, "LO", &start, &data)) goto done;
-        reads[held].start = start;
-        if (buf_get(data, &reads[held].b, 0, "read") < 0) goto done;
-    }
+    Read *reads = reads_get(reads_o, &nreads);
+    if (!reads) goto done;
     if (stride < 12 || lb.view.len % stride) { PyErr_SetString(PyExc_ValueError, "locs/stride"); goto done; }
     n = lb.view.len / stride;
     at = PyMem_Calloc(n ? (size_t)n : 1, sizeof(KeyAt));
@@ -350,17 +326,9 @@ PyObject *record_keys(PyObject *self, PyObject *args) {
     size_t text = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         const uint8_t *row = (const uint8_t *)lb.view.buf + i * stride;
-        int64_t off = rdi64(row);
-        uint32_t size = rd32(row + 8);
-        Read *rd = find_read(reads, nreads, off, size < RECORD_HEADER ? RECORD_HEADER : size);
-        int outcome = 0;
+        int outcome;
         uint32_t len = 0;
-        const uint8_t *r = NULL;
-        if (rd) {
-            size_t pos = (size_t)(off - rd->start);
-            r = (const uint8_t *)rd->b.view.buf + pos;
-            outcome = check_record(rd->b.view.buf, (size_t)rd->b.view.len, pos, 1, &len);
-        }
+        const uint8_t *r = record_in(reads, nreads, rdi64(row), rd32(row + 8), &outcome, &len);
         if (r && !outcome) {
             size_t tl = r[38], gl = r[39], kl = rd16(r + 40);
             const uint8_t *topic = r + RECORD_HEADER, *tag = topic + tl, *key = tag + gl;
@@ -386,8 +354,7 @@ PyObject *record_keys(PyObject *self, PyObject *args) {
     }
     res = PyTuple_Pack(3, (PyObject *)keys, seqs, problems);
 done:
-    for (Py_ssize_t j = 0; j < held; j++) buf_release(&reads[j].b);
-    PyMem_Free(reads);
+    reads_release(reads, nreads);
     PyMem_Free(at);
     Py_XDECREF(keys);
     Py_XDECREF(seqs);

@@ -521,20 +521,11 @@ PyObject *dues(PyObject *self, PyObject *args) {
     Buf ub, kb;
     if (buf_get(units_o, &ub, 0, "units") < 0) return NULL;
     if (buf_get(kinds_o, &kb, 0, "kinds") < 0) { buf_release(&ub); return NULL; }
-    Py_ssize_t nreads = PyList_GET_SIZE(reads_o);
-    Read *reads = PyMem_Calloc(nreads ? (size_t)nreads : 1, sizeof(Read));
-    Py_ssize_t held = 0;
+    Py_ssize_t nreads = 0;
     Out o = {0};
     PyObject *problems = NULL, *res = NULL;
-    if (!reads) { PyErr_NoMemory(); goto done; }
-    for (; held < nreads; held++) {
-        PyObject *t = PyList_GET_ITEM(reads_o, held);
-        PyObject *data;
-        long long start;
-        if (!PyArg_ParseTuple(t, "LO", &start, &data)) goto done;
-        reads[held].start = start;
-        if (buf_get(data, &reads[held].b, 0, "read") < 0) goto done;
-    }
+    Read *reads = reads_get(reads_o, &nreads);
+    if (!reads) goto done;
     Py_ssize_t n = ub.view.len / UROW;
     if (ub.view.len % UROW || kb.view.len != n) { PyErr_SetString(PyExc_ValueError, "units/kinds"); goto done; }
     problems = PyList_New(0);
@@ -544,19 +535,9 @@ PyObject *dues(PyObject *self, PyObject *args) {
         if (kinds[i] != 1) continue;
         const uint8_t *u = (const uint8_t *)ub.view.buf + i * UROW + 8;
         int64_t off = rdi64(u + 28);
-        uint32_t size = rd32(u + 36);
-        Read *rd = find_read(reads, nreads, off, size < RECORD_HEADER ? RECORD_HEADER : size);
-        const uint8_t *r = NULL;
-        int outcome = 0;
+        int outcome;
         uint32_t len = 0;
-        if (rd) {
-            /* checked against the read that holds it, not against the size the table claims */
-            const uint8_t *base = rd->b.view.buf;
-            size_t at = (size_t)(off - rd->start);
-            r = base + at;
-            int c = check_record(base, (size_t)rd->b.view.len, at, 1, &len);
-            if (c != SCAN_OK) outcome = c;
-        }
+        const uint8_t *r = record_in(reads, nreads, off, rd32(u + 36), &outcome, &len);
         if (!r || outcome) {
             PyObject *p = Py_BuildValue("(ni)", i, r ? outcome : 0);
             if (!p || PyList_Append(problems, p) < 0) { Py_XDECREF(p); goto done; }
@@ -579,8 +560,7 @@ PyObject *dues(PyObject *self, PyObject *args) {
     if (!db) goto done;
     res = Py_BuildValue("(NO)", db, problems);
 done:
-    for (Py_ssize_t j = 0; j < held; j++) buf_release(&reads[j].b);
-    PyMem_Free(reads);
+    reads_release(reads, nreads);
     out_free(&o);
     Py_XDECREF(problems);
     buf_release(&ub);

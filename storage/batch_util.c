@@ -431,6 +431,39 @@ Read *find_read(Read *reads, Py_ssize_t nreads, int64_t off, uint32_t size) {
     return r;
 }
 
+Read *reads_get(PyObject *list, Py_ssize_t *n) {
+    Py_ssize_t nreads = PyList_GET_SIZE(list), held = 0;
+    Read *reads = PyMem_Calloc(nreads ? (size_t)nreads : 1, sizeof(Read));
+    if (!reads) { PyErr_NoMemory(); return NULL; }
+    for (; held < nreads; held++) {
+        PyObject *data;
+        long long start;
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(list, held), "LO", &start, &data) ||
+            buf_get(data, &reads[held].b, 0, "read") < 0) {
+            reads_release(reads, held);
+            return NULL;
+        }
+        reads[held].start = start;
+    }
+    *n = nreads;
+    return reads;
+}
+
+void reads_release(Read *reads, Py_ssize_t n) {
+    if (!reads) return;
+    for (Py_ssize_t j = 0; j < n; j++) buf_release(&reads[j].b);
+    PyMem_Free(reads);
+}
+
+const uint8_t *record_in(Read *reads, Py_ssize_t nreads, int64_t off, uint32_t size, int *outcome, uint32_t *length) {
+    Read *rd = find_read(reads, nreads, off, size < RECORD_HEADER ? RECORD_HEADER : size);
+    *outcome = 0;
+    if (!rd) return NULL;
+    size_t at = (size_t)(off - rd->start);  /* checked against the read that holds it, not `size` */
+    *outcome = check_record(rd->b.view.buf, (size_t)rd->b.view.len, at, 1, length);
+    return (const uint8_t *)rd->b.view.buf + at;
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* UTF-8                                                                                       */
 
