@@ -335,13 +335,14 @@ PyObject *record_keys(PyObject *self, PyObject *args) {
             if (!utf8_ok(topic, tl) || !utf8_ok(tag, gl) || !utf8_ok(key, kl)) outcome = SCAN_CORRUPT;
             else at[i] = (KeyAt){.key = kl ? key : NULL, .kl = (uint32_t)kl, .seq = rd64(r + 12)};
         }
-        wr64(sq + 8 * i, (r && !outcome) ? at[i].seq : 0);
         if (!r || outcome) {
+            wr64(sq + 8 * i, 0);
             PyObject *pr = Py_BuildValue("(ni)", i, r ? outcome : 0);
             if (!pr || PyList_Append(problems, pr) < 0) { Py_XDECREF(pr); goto done; }
             Py_DECREF(pr);
             continue;
         }
+        wr64(sq + 8 * i, at[i].seq);
         text += at[i].kl;
     }
     keys = keys_new(n, text);

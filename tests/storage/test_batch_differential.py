@@ -740,14 +740,13 @@ def test_record_keys(case: dict[str, Any], stride: int) -> None:
     (flipped bits, with the CRC made right again or not, and not read at all), located by rows of
     12 bytes, of 20 (more after the location) and by the PullRows themselves."""
     rows = case["rows"]
-    locs = b"".join(rows[i:i + 12] + b"\x07" * (stride - 12) for i in range(0, len(rows), pull_ref.PROW))
-    if stride == pull_ref.PROW:
-        locs = rows
+    places = [rows[i:i + 12] for i in range(0, len(rows), pull_ref.PROW)]
+    locs = rows if stride == pull_ref.PROW else b"".join(p + b"\x07" * (stride - 12) for p in places)
     keys, seqs, problems = same(c.record_keys, pull_ref.record_keys, locs, case["reads"], stride)
-    assert isinstance(keys, c.Keys) and len(keys) == len(rows) // pull_ref.PROW
+    assert isinstance(keys, c.Keys) and len(keys) == len(places)
     starts = [s for s, _ in case["reads"]]
     bad = dict(problems)
-    for i, (off, size) in enumerate(struct.iter_unpack("<qI", b"".join(rows[j:j + 12] for j in range(0, len(rows), pull_ref.PROW)))):
+    for i, (off, size) in enumerate(struct.unpack("<qI", p) for p in places):
         if i in bad:
             assert keys[i] is None and seqs[8 * i:8 * i + 8] == bytes(8)
             continue
