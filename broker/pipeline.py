@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import enum
 import logging
 import time
@@ -460,17 +459,17 @@ class DequeueGetMessage(Stage):
                       unit.seq, unit.commit_offset, type(err).__name__, err)
             self.dispatch.drop_unreadable(unit)
         self.unreadable += len(res.unreadable)
-        for rec in res.roll:
+        if res.roll:
             while True:
                 try:
-                    self.dispatch.roll_forward(dataclasses.replace(rec))  # it bumps roll_count
+                    self.dispatch.roll_forward(res.roll, res.roll_sizes)
                     break
                 except TRANSIENT as e:
                     if not transient(e):
                         raise
                     if not await self.pause(e):
                         return False
-            self.rolled += 1
+            self.rolled += len(res.roll_sizes) // 4
             self.appended.set()
         self.dropped += res.dropped
         n, due = len(got), len(res.due) // DROW

@@ -41,6 +41,7 @@ static PyMethodDef methods[] = {
     {"add_counts", add_counts, METH_VARARGS, "add one to the counts at these slot indexes"},
     {"classify", classify, METH_VARARGS, "dequeue-get-message: which units are live"},
     {"dues", dues, METH_VARARGS, "dequeue-get-message: DueRows from records"},
+    {"roll_copies", roll_copies, METH_VARARGS, "dequeue-get-message: far messages' roll copies"},
     {"release_rows", release_rows, METH_VARARGS, "dequeue-put: ready units per topic"},
     {"set_states", set_states, METH_VARARGS, "set message-table states"},
     {"seq_runs", seq_runs, METH_VARARGS, "runs of seqs for batched message-table reads"},

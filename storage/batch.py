@@ -97,7 +97,8 @@ SCAN_READ = 1 << 20  # read_rows reads at most this much of the log at once
 KIND_DROP, KIND_DUE, KIND_ROLL = 0, 1, 2
 _FIELDS = frozenset({"body", "body_b64", "delay_ms", "deliver_at", "key", "tag", "headers", "replace"})
 _CONTINUED = int(RecordFlag.CONTINUED)
-_MESSAGE, _GROUP, _LAST = int(RecordType.MESSAGE), int(RecordType.GROUP), max(map(int, RecordType))
+_MESSAGE, _ROLL, _GROUP, _LAST = int(RecordType.MESSAGE), int(RecordType.ROLL), int(RecordType.GROUP), \
+    max(map(int, RecordType))
 _SCHEDULED, _DELIVERED, _CANCELLED = int(MessageState.SCHEDULED), int(MessageState.DELIVERED), \
     int(MessageState.CANCELLED)
 
@@ -395,9 +396,9 @@ def read_rows(commit: Any, pos: int, max_records: int, end: int | None = None) -
 # ------------------------------------------------------------------------------------ enqueue-put
 def index_rows(rows: bytes, start: int, spans: Sequence[SpanLike], wheel: Any, header_size: int, precision: int,
                nslots: int, load_time: int, window_end: int, unsafe_from: int, tlog_pos: int,
-               now_ms: int, max_units: int) -> tuple[int, bytes, bytes, bytes, bytes, bytes]:
+               now_ms: int, max_units: int) -> tuple[int, bytes, bytes, bytes, bytes, bytes, bytes]:
     """enqueue-put's common case for MessageRows[start:], in order; returns (consumed, units, slots,
-    late, counts, far).
+    late, counts, far, near).
 
     A GROUP record is consumed with nothing to index. A MESSAGE whose message-table entry is
     SCHEDULED at this record and whose due time is inside the window (`window_end`), in a slot that
@@ -409,9 +410,18 @@ def index_rows(rows: bytes, start: int, spans: Sequence[SpanLike], wheel: Any, h
     `window_end`, else `base + window`, with base = max(now_ms, load_time) and window =
     window_end - base (which must be positive) — flag FLAG_FAR, and a FarRow in `far` for the
     far index and the hourly counts. A cancelled MESSAGE loses its flags; one delivered or
-    superseded (the table points elsewhere) is consumed as is. Anything else stops the batch at
-    that row and the caller's full path (Store) takes it: cancel and roll records, a message not
-    in the spans, a full lap, max_units units made.
+    superseded (the table points elsewhere) is consumed as is.
+
+    A ROLL record (a far message's roll copy) is current when its message is SCHEDULED and the
+    table points at it, or points at an older record whose roll_count is not above the copy's:
+    then the entry is moved to the copy (state, flags 0, roll_count, size, offset) once its unit
+    is sure to be made. It gets its unit as a MESSAGE does, except that one still far is already
+    in the far index (flag FAR, no FarRow), and one that came inside the window leaves it: a
+    FarRow in `near`. A roll copy of a message no longer SCHEDULED, or older than the table's,
+    is consumed as is.
+
+    Anything else stops the batch at that row and the caller's full path (Store) takes it:
+    cancel records, a message not in the spans, a full lap, max_units units made.
 
     Units are returned, not written: the caller appends them to the TimerLog at `tlog_pos`, then
     writes `slots` (the new state of every slot touched, as 32-byte wheel slots) with put_slots —
@@ -426,28 +436,36 @@ def index_rows(rows: bytes, start: int, spans: Sequence[SpanLike], wheel: Any, h
     if not 0 <= start <= n:
         raise IndexError("start")
     slots: dict[int, list[int]] = {}
-    units, late, incs, far = [], [], [], []
+    units, late, incs, far, near = [], [], [], [], []
     pos = tlog_pos
     i = start
     made = 0
     while i < n and made < max_units:
-        seq, deliver_at, offset, size, th, tgh, _roll, rtype, bits = MROW_FMT.unpack_from(rows, i * MROW)
+        seq, deliver_at, offset, size, th, tgh, roll, rtype, bits = MROW_FMT.unpack_from(rows, i * MROW)
         if rtype == _GROUP:
             i += 1
             continue
-        if rtype != _MESSAGE:
+        if rtype != _MESSAGE and rtype != _ROLL:
             break
         hit = _span_entry(spans, seq)
         if hit is None:
             break
         span, at, readable = hit
-        state, _fl, _ro, _sz, eoff = ENTRY.unpack_from(span.buf, at) if readable else (0, 0, 0, 0, -1)
-        if state == _CANCELLED:
+        state, _fl, eroll, _sz, eoff = ENTRY.unpack_from(span.buf, at) if readable else (0, 0, 0, 0, -1)
+        moved = False  # a roll copy the entry moves to
+        if rtype == _ROLL:
+            if state in (_CANCELLED, _DELIVERED) or (state == _SCHEDULED and eoff != offset and roll < eroll):
+                i += 1
+                continue
+            if state != _SCHEDULED:
+                break  # UNKNOWN: the reference decides
+            moved = eoff != offset
+        elif state == _CANCELLED:
             span.buf[at + 1] = 0
             _touch(span, at + 1, at + 2)
             i += 1
             continue
-        if state != _SCHEDULED or eoff != offset:
+        elif state != _SCHEDULED or eoff != offset:
             if state == _DELIVERED or (state == _SCHEDULED and eoff != offset):
                 i += 1
                 continue
@@ -465,6 +483,9 @@ def index_rows(rows: bytes, start: int, spans: Sequence[SpanLike], wheel: Any, h
         if fire >= unsafe_from or not -(1 << 31) <= fire - now_ms < 1 << 31:
             break
         st = fire - fire % precision
+        if moved:
+            ENTRY.pack_into(span.buf, at, _SCHEDULED, 0, roll, size, offset)
+            _touch(span, at, at + ENTRY.size)
         s = slots.get(st)
         if s is None:
             t, first, last, num, magic = SLOT.unpack_from(wheel, header_size + st // precision % nslots * SLOT.size)
@@ -479,17 +500,22 @@ def index_rows(rows: bytes, start: int, spans: Sequence[SpanLike], wheel: Any, h
         made += 1
         if unit == UnitMagic.ROLL:
             span.buf[at + 1] = FLAG_FAR
-            far.append(FAR.pack(deliver_at, seq, th))
-        elif deliver_at >= load_time:
-            incs.append(deliver_at // precision % nslots)
-            span.buf[at + 1] = FLAG_SLOT
+            if rtype == _MESSAGE:  # a roll copy's message is in the far index already
+                far.append(FAR.pack(deliver_at, seq, th))
         else:
-            span.buf[at + 1] = 0
-            late.append(DUE.pack(deliver_at, seq, offset, size, th, tgh, bits, st))
+            if rtype == _ROLL:
+                near.append(FAR.pack(deliver_at, seq, th))
+            if deliver_at >= load_time:
+                incs.append(deliver_at // precision % nslots)
+                span.buf[at + 1] = FLAG_SLOT
+            else:
+                span.buf[at + 1] = 0
+                late.append(DUE.pack(deliver_at, seq, offset, size, th, tgh, bits, st))
         _touch(span, at + 1, at + 2)
         i += 1
     slot_bytes = b"".join(SLOT.pack(st, *s) for st, s in slots.items())
-    return i - start, b"".join(units), slot_bytes, b"".join(late), struct.pack(f"<{len(incs)}I", *incs), b"".join(far)
+    return (i - start, b"".join(units), slot_bytes, b"".join(late), struct.pack(f"<{len(incs)}I", *incs),
+            b"".join(far), b"".join(near))
 
 
 def add_counts(counts: Any, indexes: bytes) -> None:
@@ -600,6 +626,39 @@ def dues(units: bytes, kinds: bytes, reads: list[tuple[int, bytes]], slot_time: 
         out.append(DUE.pack(deliver_at, seq, off, length, zlib.crc32(topic), _tag_hash_bytes(tag),
                             ROW_KEYED if kl else 0, slot_time))
     return b"".join(out), problems
+
+
+MAX_ROLL_COUNT = 0xFFFF  # a record's roll_count (u16) stays here once there
+
+
+def roll_copies(units: bytes, kinds: bytes, reads: list[tuple[int, bytes]]) -> tuple[bytes, bytes, list]:
+    """The roll copies of the units classified KIND_ROLL, packed back to back for one append
+    (`sizes`: each copy's length, u32), in unit order: the record from `reads`, checked as `dues`
+    checks it, again with type ROLL, flags 0, roll_count + 1 (it stays at MAX_ROLL_COUNT) and its
+    CRC made anew; every other byte is the record's own. `problems` as in `dues`."""
+    require(len(units) % UROW == 0 and len(kinds) == len(units) // UROW, "units/kinds")
+    starts = [s for s, _ in reads]
+    out, sizes, problems = [], [], []
+    for i in range(len(units) // UROW):
+        if kinds[i] != KIND_ROLL:
+            continue
+        _s, _p, _m, _e, _d, off, size, _th, _seq = UNIT.unpack_from(units, i * UROW + 8)
+        found = read_record(reads, starts, off, size)
+        if found is None:
+            problems.append((i, 0))
+            continue
+        c, length, buf, at = found
+        if c != SCAN_OK:
+            problems.append((i, c))
+            continue
+        copy = bytearray(buf[at:at + length])
+        copy[9], copy[10:12] = RecordType.ROLL, b"\0\0"
+        roll = int.from_bytes(copy[36:38], "little")
+        copy[36:38] = min(roll + 1, MAX_ROLL_COUNT).to_bytes(2, "little")
+        copy[4:8] = zlib.crc32(copy[8:]).to_bytes(4, "little")
+        out.append(copy)
+        sizes.append(length)
+    return b"".join(out), struct.pack(f"<{len(sizes)}I", *sizes), problems
 
 
 # ------------------------------------------------------------------------------------ dequeue-put

@@ -361,6 +361,7 @@ BATCH_HIDDEN PyObject *put_slots(PyObject *self, PyObject *args);
 BATCH_HIDDEN extern PyTypeObject WalkerType;
 BATCH_HIDDEN PyObject *classify(PyObject *self, PyObject *args);
 BATCH_HIDDEN PyObject *dues(PyObject *self, PyObject *args);
+BATCH_HIDDEN PyObject *roll_copies(PyObject *self, PyObject *args);
 
 /* batch_release.c: dequeue-put, and the batch counters */
 BATCH_HIDDEN extern PyTypeObject DueHeapType;

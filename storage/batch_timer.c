@@ -112,7 +112,7 @@ typedef struct {
 
 /* index_rows(rows, start, spans, wheel, header_size, precision, nslots, load_time,
  *            window_end, unsafe_from, tlog_pos, now_ms, max_units)
- *   -> (consumed, units, slots, late, counts, far)
+ *   -> (consumed, units, slots, late, counts, far, near)
  *
  * enqueue-put for MessageRows[start:], in order, as storage.batch.index_rows specifies: a GROUP
  * record is consumed with nothing to index; a MESSAGE whose table entry is SCHEDULED at this
@@ -124,7 +124,12 @@ typedef struct {
  * / 2` when it is due within a third of a window after the window's end, else `base + window` (base
  * = max(now_ms, load_time), window = window_end - base, which must be positive), flag FAR, and a
  * FarRow (deliver_at i64, seq u64, topic hash u32) in `far` for the caller's far index and hourly
- * counts. Anything else (cancel and roll records, a full slot lap) stops the batch at that
+ * counts. A ROLL record (a far message's roll copy) is current when its message is SCHEDULED and
+ * the table points at it, or at an older record whose roll_count is not above the copy's (the
+ * entry then moves to the copy, once its unit is sure to be made); it gets its unit as a MESSAGE
+ * does, except that one still far makes no FarRow (it is in the far index) and one come inside
+ * the window makes a FarRow in `near` (it leaves the far index); a stale one is consumed as is.
+ * Anything else (cancel records, a full slot lap) stops the batch at that
  * row: `consumed` says how far it got and the caller's reference path takes the row. Units are
  * returned (not written): the caller appends them to the TimerLog and then applies `slots` (the
  * new state of every slot touched, 32-byte wheel slots) — units reach the file before any slot
@@ -141,7 +146,7 @@ PyObject *index_rows(PyObject *self, PyObject *args) {
     if (precision <= 0 || nslots <= 0) { PyErr_SetString(PyExc_ValueError, "bad wheel geometry"); return NULL; }
     Buf rb = {.held = 0}, wb = {.held = 0};
     Spans sp = {0};
-    Out units = {0}, late = {0}, incs = {0}, far = {0};
+    Out units = {0}, late = {0}, incs = {0}, far = {0}, near = {0};
     Map slots = {0};
     SlotState *states = NULL;
     int64_t *slot_times = NULL;
@@ -166,13 +171,13 @@ PyObject *index_rows(PyObject *self, PyObject *args) {
         if (i + IR_AHEAD < nrows) {  /* the wheel slot a row ahead will read, fetched now (below) */
             const uint8_t *ahead = (const uint8_t *)rb.view.buf + (i + IR_AHEAD) * MROW;
             int64_t due = rdi64(ahead + 8), fire = due < load_time ? load_time : due;
-            if (ahead[38] == REC_MESSAGE && due <= window_end)
+            if ((ahead[38] == REC_MESSAGE || ahead[38] == REC_ROLL) && due <= window_end)
                 __builtin_prefetch(wheel + header_size + fmod64(floordiv64(fire, precision), nslots) * SLOT_SIZE);
         }
         const uint8_t *row = (const uint8_t *)rb.view.buf + i * MROW;
         uint8_t type = row[38];
         if (type == REC_GROUP) continue;
-        if (type != REC_MESSAGE) break;
+        if (type != REC_MESSAGE && type != REC_ROLL) break;
         uint64_t seq = rd64(row);
         int64_t deliver_at = rdi64(row + 8), offset = rdi64(row + 16);
         Span *span;
@@ -182,12 +187,18 @@ PyObject *index_rows(PyObject *self, PyObject *args) {
         uint8_t state = readable ? entry[0] : ST_UNKNOWN;
         int64_t eoff = readable ? rdi64(entry + 8) : -1;
         Py_ssize_t at = entry - (uint8_t *)span->buf.view.buf;
-        if (state == ST_CANCELLED) {  /* never in the schedule */
+        int moved = 0;  /* a roll copy the entry moves to */
+        if (type == REC_ROLL) {
+            if (state == ST_CANCELLED || state == ST_DELIVERED ||
+                (state == ST_SCHEDULED && eoff != offset && rd16(row + 36) < rd16(entry + 2)))
+                continue;
+            if (state != ST_SCHEDULED) break;  /* UNKNOWN: the reference decides */
+            moved = eoff != offset;
+        } else if (state == ST_CANCELLED) {  /* never in the schedule */
             entry[1] = 0;
             span_touch(span, at + 1, at + 2);
             continue;
-        }
-        if (state != ST_SCHEDULED || eoff != offset) {
+        } else if (state != ST_SCHEDULED || eoff != offset) {
             if (state == ST_DELIVERED || (state == ST_SCHEDULED && eoff != offset)) continue;
             break;  /* UNKNOWN: the reference decides */
         }
@@ -204,6 +215,14 @@ PyObject *index_rows(PyObject *self, PyObject *args) {
         if (fire >= unsafe_from) break;  /* the slot's previous lap is not dispatched yet */
         if (fire - now_ms > INT32_MAX || fire - now_ms < INT32_MIN) break;  /* delay is an i32 */
         int64_t st = fire - fmod64(fire, precision);
+        if (moved) {  /* as MessageTable.set: state, flags 0, roll_count, size, offset */
+            entry[0] = ST_SCHEDULED;
+            entry[1] = 0;
+            wr16(entry + 2, rd16(row + 36));
+            wr32(entry + 4, rd32(row + 24));
+            wri64(entry + 8, offset);
+            span_touch(span, at, at + ENTRY_SIZE);
+        }
         int ins;
         size_t ms = map_slot(&slots, (uint64_t)st, (int64_t)slots.n, &ins);
         if (ms == SIZE_MAX) goto done;
@@ -245,13 +264,17 @@ PyObject *index_rows(PyObject *self, PyObject *args) {
         ss->magic |= magic;
         pos += UNIT_SIZE;
         made++;
-        if (magic == UNIT_ROLL) {
-            entry[1] = MT_FLAG_FAR;
-            uint8_t *f = out_take(&far, FAR_ROW);
+        /* parked far now (a roll copy's message is in the far index already), or come near */
+        int to_far = magic == UNIT_ROLL && type == REC_MESSAGE, to_near = magic != UNIT_ROLL && type == REC_ROLL;
+        if (to_far || to_near) {
+            uint8_t *f = out_take(to_far ? &far : &near, FAR_ROW);
             if (!f) goto done;
             wri64(f, deliver_at);
             wr64(f + 8, seq);
             wr32(f + 16, rd32(row + 28));
+        }
+        if (magic == UNIT_ROLL) {
+            entry[1] = MT_FLAG_FAR;
         } else if (deliver_at >= load_time) {
             uint8_t *c = out_take(&incs, 4);
             if (!c) goto done;
@@ -285,12 +308,12 @@ PyObject *index_rows(PyObject *self, PyObject *args) {
         wr32(s + 28, states[k].magic);
     }
     PyObject *ub = out_bytes(&units), *lb = ub ? out_bytes(&late) : NULL, *cb = lb ? out_bytes(&incs) : NULL;
-    PyObject *fb = cb ? out_bytes(&far) : NULL;
-    if (!ub || !lb || !cb || !fb) {
-        Py_XDECREF(ub); Py_XDECREF(lb); Py_XDECREF(cb); Py_XDECREF(fb); Py_DECREF(slot_bytes);
+    PyObject *fb = cb ? out_bytes(&far) : NULL, *nb = fb ? out_bytes(&near) : NULL;
+    if (!ub || !lb || !cb || !fb || !nb) {
+        Py_XDECREF(ub); Py_XDECREF(lb); Py_XDECREF(cb); Py_XDECREF(fb); Py_XDECREF(nb); Py_DECREF(slot_bytes);
         goto done;
     }
-    res = Py_BuildValue("(nNNNNN)", i - start, ub, slot_bytes, lb, cb, fb);
+    res = Py_BuildValue("(nNNNNNN)", i - start, ub, slot_bytes, lb, cb, fb, nb);
 done:
     buf_release(&rb);
     buf_release(&wb);
@@ -299,6 +322,7 @@ done:
     out_free(&late);
     out_free(&incs);
     out_free(&far);
+    out_free(&near);
     map_free(&slots);
     PyMem_Free(states);
     PyMem_Free(slot_times);
@@ -562,6 +586,64 @@ PyObject *dues(PyObject *self, PyObject *args) {
 done:
     reads_release(reads, nreads);
     out_free(&o);
+    Py_XDECREF(problems);
+    buf_release(&ub);
+    buf_release(&kb);
+    return res;
+}
+
+/* roll_copies(units, kinds, reads) -> (data, sizes, problems)
+ * The roll copies of the units classified 2, packed back to back for one append (`sizes`: each
+ * copy's length, u32), in unit order: the record from `reads` (checked as dues checks it) again,
+ * with type ROLL, flags 0, roll_count + 1 (it stays at 0xFFFF) and its CRC made anew. `problems`
+ * as in dues. */
+PyObject *roll_copies(PyObject *self, PyObject *args) {
+    PyObject *units_o, *kinds_o, *reads_o;
+    if (!PyArg_ParseTuple(args, "OOO!", &units_o, &kinds_o, &PyList_Type, &reads_o)) return NULL;
+    Buf ub, kb;
+    if (buf_get(units_o, &ub, 0, "units") < 0) return NULL;
+    if (buf_get(kinds_o, &kb, 0, "kinds") < 0) { buf_release(&ub); return NULL; }
+    Py_ssize_t nreads = 0;
+    Out o = {0}, sizes = {0};
+    PyObject *problems = NULL, *res = NULL;
+    Read *reads = reads_get(reads_o, &nreads);
+    if (!reads) goto done;
+    Py_ssize_t n = ub.view.len / UROW;
+    if (ub.view.len % UROW || kb.view.len != n) { PyErr_SetString(PyExc_ValueError, "units/kinds"); goto done; }
+    problems = PyList_New(0);
+    if (!problems) goto done;
+    const uint8_t *kinds = kb.view.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (kinds[i] != 2) continue;
+        const uint8_t *u = (const uint8_t *)ub.view.buf + i * UROW + 8;
+        int outcome;
+        uint32_t len = 0;
+        const uint8_t *r = record_in(reads, nreads, rdi64(u + 28), rd32(u + 36), &outcome, &len);
+        if (!r || outcome) {
+            PyObject *p = Py_BuildValue("(ni)", i, r ? outcome : 0);
+            if (!p || PyList_Append(problems, p) < 0) { Py_XDECREF(p); goto done; }
+            Py_DECREF(p);
+            continue;
+        }
+        uint8_t *c = out_take(&o, len), *z = out_take(&sizes, 4);
+        if (!c || !z) goto done;
+        memcpy(c, r, len);  /* record_in checked that all `len` bytes are in the read */
+        c[9] = REC_ROLL;
+        wr16(c + 10, 0);
+        uint16_t roll = rd16(c + 36);
+        wr16(c + 36, roll == 0xFFFF ? roll : (uint16_t)(roll + 1));
+        wr32(c + 4, crc32_update(0, c + 8, len - 8));
+        wr32(z, len);
+    }
+    PyObject *data = out_bytes(&o);
+    if (!data) goto done;
+    PyObject *sb = out_bytes(&sizes);
+    if (!sb) { Py_DECREF(data); goto done; }
+    res = Py_BuildValue("(NNO)", data, sb, problems);
+done:
+    reads_release(reads, nreads);
+    out_free(&o);
+    out_free(&sizes);
     Py_XDECREF(problems);
     buf_release(&ub);
     buf_release(&kb);

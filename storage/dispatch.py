@@ -6,7 +6,7 @@ Each per-batch loop is one method taking a batch and returning a typed result; t
 work inside runs in the compiled batch core (storage.batch: `ops`), batches travel as rows:
 
     open_slot(slot_time, chunk)  -> chunks of UnitRows     (dequeue-get: the Walker)
-    resolve(units, slot_time)    -> Resolved               (dequeue-get-message: classify, dues)
+    resolve(units, slot_time)    -> Resolved               (dequeue-get-message: classify, dues, roll_copies)
     release(dues, now_ms)        -> Released               (dequeue-put: release_rows, set_states)
 
 Every state check goes to the message table, which is what makes a cancel that races the
@@ -81,9 +81,18 @@ class Due:
 class Resolved:
     """What dequeue-get-message made of a chunk of one slot's units (`Dispatch.resolve`)."""
     due: bytes = b""  # DueRows: to release at their own millisecond
-    roll: list[Record] = field(default_factory=list)  # far messages to re-append (roll forward)
+    roll: bytes = b""  # the roll copies of far messages, packed back to back: to append (roll_forward)
+    roll_sizes: bytes = b""  # each copy's length, u32
     unreadable: list[tuple[Unit, CorruptData]] = field(default_factory=list)  # record damaged: message lost
     dropped: int = 0  # cancelled, delivered, or a stale unit of a message that rolled since
+
+    def copies(self) -> list[Record]:
+        """The roll copies, decoded."""
+        out, pos = [], 0
+        for size in array("I", self.roll_sizes):
+            out.append(decode(self.roll, pos))
+            pos += size
+        return out
 
 
 @dataclass(slots=True)
@@ -231,7 +240,7 @@ class Dispatch:
         """What to do with a chunk of one slot's UnitRows: the message-table entries with one
         read per run of ids, the records with one read per stretch of the log (a burst of one
         second is a few long runs, not a million small reads), and per message the compiled
-        core's classify and dues. A record that does not decode is reported in `unreadable`, so
+        core's classify, dues and roll_copies. A record that does not decode is reported in `unreadable`, so
         one damaged message does not stop the others."""
         ops = batch.ops
         kinds, locs = self._classify(units)
@@ -242,24 +251,43 @@ class Dispatch:
         due, problems = ops.dues(units, kinds, reads, slot_time)
         extra: list[bytes] = []
         for i, _outcome in problems:
-            unit = unit_of(units, i)  # not read, or not whole: the commit log's own read decides
-            try:
-                rec = self.commit.read(unit.commit_offset, unit.commit_size)
-            except (UnsupportedVersion, OutOfDescriptors):
-                raise  # newer data, or no descriptor right now: never "unreadable"
-            except StorageError as e:
-                out.unreadable.append((unit, e if isinstance(e, CorruptData) else CorruptData(str(e))))
+            unit = unit_of(units, i)
+            rec = self._read_unit(unit, out)
+            if rec is None:
                 continue
             extra.append(due_row(rec.deliver_at, rec.seq, rec.offset, rec.size, unit.topic_hash, tag_hash(rec.tag),
                                  rec.key is not None, slot_time))
-        rolls = [unit_of(units, i) for i, k in enumerate(kinds) if k == KIND_ROLL] if KIND_ROLL in kinds else []
-        for unit, got in zip(rolls, self.read_many([(u.commit_offset, u.commit_size) for u in rolls]), strict=True):
-            if isinstance(got, StorageError):
-                out.unreadable.append((unit, got if isinstance(got, CorruptData) else CorruptData(str(got))))
-            else:
-                out.roll.append(got)
+        if KIND_ROLL in kinds:
+            out.roll, out.roll_sizes, problems = ops.roll_copies(units, kinds, reads)
+            if problems:
+                self._roll_problems(units, problems, out)
         out.due = due + b"".join(extra) if extra else due
         return out
+
+    def _read_unit(self, unit: Unit, out: Resolved) -> Record | None:
+        """The record of a unit the batch core named (not read, or not whole): the commit log's
+        own read decides; one that does not decode goes to `out.unreadable` (None)."""
+        try:
+            return self.commit.read(unit.commit_offset, unit.commit_size)
+        except (UnsupportedVersion, OutOfDescriptors):
+            raise  # newer data, or no descriptor right now: never "unreadable"
+        except StorageError as e:
+            out.unreadable.append((unit, e if isinstance(e, CorruptData) else CorruptData(str(e))))
+            return None
+
+    def _roll_problems(self, units: bytes, problems: list[tuple[int, int]], out: Resolved) -> None:
+        """The roll copies of the records `roll_copies` named, encoded here from the commit log's
+        read and added to `out`."""
+        copies, sizes = [out.roll], array("I", out.roll_sizes)
+        for i, _outcome in problems:
+            unit = unit_of(units, i)
+            rec = self._read_unit(unit, out)
+            if rec is None:
+                continue
+            rec.type, rec.roll_count = RecordType.ROLL, min(rec.roll_count + 1, batch.MAX_ROLL_COUNT)
+            copies.append(encode(rec))
+            sizes.append(len(copies[-1]))
+        out.roll, out.roll_sizes = b"".join(copies), sizes.tobytes()
 
     def read_runs(self, locs: bytes, stride: int = 12) -> list[tuple[int, bytes]]:
         """The stretches of the log that hold the records at `locs` ((offset i64, size u32) at the
@@ -342,13 +370,13 @@ class Dispatch:
             j = k
         return out  # type: ignore[return-value]
 
-    def roll_forward(self, rec: Record) -> None:
-        """Re-append a far message so the old segment is not pinned; enqueue indexes the copy.
-        `rec` is changed (type ROLL, roll_count + 1): pass a copy."""
-        rec.type = RecordType.ROLL
-        rec.roll_count += 1
-        self.commit.append([encode(rec)])
-        self.counters.total(Total.ROLLED)
+    def roll_forward(self, copies: bytes, sizes: bytes) -> None:
+        """Append the roll copies `resolve` made (RIP-43's roll: the far message again, so its old
+        segment is not pinned; enqueue indexes the copies). One write in the usual case; a
+        retry after a failed write (disk full) may append some copies twice, and the message
+        table then points at the later one, whose unit is the only live one."""
+        self.commit.append_packed(copies, sizes)
+        self.counters.total(Total.ROLLED, len(sizes) // 4)
 
     def drop_unreadable(self, unit: Unit) -> None:
         """A unit whose record no longer decodes (disk damage): that one message is lost. It

@@ -4,8 +4,8 @@
     Indexer.index(records, now_ms)   -> IndexResult     (decoded records: the same, for recovery)
 
 is the per-batch loop. The compiled batch core (`batch.ops.index_rows`) takes every row it can —
-GROUP records, and messages due inside the window, late ones included — and the rest goes one by
-one through `_entry_for` / `_on_cancel_record` (cancel and roll records, far messages, a full
+GROUP records, messages (late and far ones included) and far messages' roll copies — and the rest
+goes one by one through `_entry_for` / `_on_cancel_record` (cancel and RELEASE records, a full
 rescan, a message the table does not know). The indexer owns `indexed` (C: the commit-log offset
 below which every record is indexed) and reads the dequeue cursor from Dispatch: a unit for a slot
 already loaded goes to the next slot (the durable path) and the message also comes back in
@@ -104,15 +104,15 @@ class Indexer:
                 _seq, _due, offset, size, *_rest = batch.MROW_FMT.unpack_from(rows, i * MROW)
                 if offset >= self.full_until:
                     room = tlog.room_units()
-                    consumed, units, slots, late_rows, counts, far = ops.index_rows(
+                    consumed, units, slots, late_rows, counts, far, near = ops.index_rows(
                         rows, i, msgs.spans, wheel.buffer, WHEEL_HEADER_SIZE, precision, nslots, d, window_end,
                         unsafe_from, tlog.end, now_ms, room)
                     if units:
                         tlog.append(units)  # before the slots point at them; DiskFull: nothing counted
                     ops.put_slots(wheel.buffer, WHEEL_HEADER_SIZE, precision, nslots, slots)
                     ops.add_counts(self.schedule.slots, counts)
-                    if far:
-                        self._parked_far(far)
+                    if far or near:
+                        self._far_rows(far, near)
                     late.append(late_rows)
                     i += consumed
                     if i >= n or len(units) == room * UNIT_SIZE:
@@ -138,12 +138,16 @@ class Indexer:
             self.indexed = max(self.indexed, offset + size)
         return IndexResult(i, b"".join(late), blocked)
 
-    def _parked_far(self, far: bytes) -> None:
-        """`_apply` for the messages the compiled core parked far (FarRows): their hourly counts
-        and their far-index rows, as `_entry_for` counts one."""
+    def _far_rows(self, far: bytes, near: bytes) -> None:
+        """`_apply` for the messages the compiled core parked far and those whose roll copy came
+        inside the window (FarRows): their hourly counts and far-index rows, as `_entry_for`
+        counts them."""
         counts = _Counts(far_put=list(batch.FAR.iter_unpack(far)))
         for deliver_at, _seq, _th in counts.far_put:
             counts.add_far(deliver_at, 1)
+        for deliver_at, seq, _th in batch.FAR.iter_unpack(near):
+            counts.add_far(deliver_at, -1)
+            counts.far_gone.append((deliver_at, seq))
         self._apply(counts)
 
     def _one(self, rec: Record, now_ms: int, late: list[bytes]) -> object | None:

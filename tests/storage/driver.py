@@ -15,7 +15,6 @@ operation (after the commit log is flushed) until it is killed.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import random
 import sys
@@ -76,9 +75,10 @@ class Driver:
             for chunk in s.dispatch.open_slot(t):
                 res = s.dispatch.resolve(chunk, t)
                 self.unreadable += len(res.unreadable)
-                for r in res.roll:
+                for r in res.copies():
                     assert r.deliver_at > t, "a message due now must not be rolled again"
-                    s.dispatch.roll_forward(dataclasses.replace(r))
+                if res.roll:
+                    s.dispatch.roll_forward(res.roll, res.roll_sizes)
                 for due in Due.rows(res.due):
                     # A Due never leaves a slot before its own (the timer side is never early).
                     assert due.deliver_at - due.deliver_at % p <= t, (due, t)

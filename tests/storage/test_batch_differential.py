@@ -21,7 +21,15 @@ from delayd.broker.config import Config
 from delayd.storage import batch as ref
 from delayd.storage import batch_common, commitlog
 from delayd.storage import batch_pull as pull_ref
-from delayd.storage.commitlog import Record, RecordType, encode, encode_messages, release_body
+from delayd.storage.commitlog import (
+    Record,
+    RecordFlag,
+    RecordType,
+    decode,
+    encode,
+    encode_messages,
+    release_body,
+)
 from delayd.storage.msgtable import ENTRY
 from delayd.storage.readyqueue import UNIT as READY
 from delayd.storage.timerlog import UNIT, UNIT_SIZE, UnitMagic
@@ -357,12 +365,12 @@ def index_case(draw: Any) -> dict[str, Any]:
         deliver_at = draw(st.integers(-3000, 70_000).map(lambda d: load_time + d)
                           | st.integers(1, 20_000).map(lambda d: window_end + d)
                           | st.integers(70_000, 300_000).map(lambda d: load_time + d))
-        rtype = draw(st.sampled_from([1] * 12 + [2, 3, 4, 5, 9]))
+        rtype = draw(st.sampled_from([1] * 10 + [3] * 3 + [2, 4, 5, 9]))  # 3: a roll copy
         state = draw(st.sampled_from([1] * 12 + [0, 2, 3]))
-        eoff = off if draw(st.integers(0, 12)) else off + 1
-        ENTRY.pack_into(entries, i * ENTRY.size, state, draw(st.integers(0, 3)), 0, 77, eoff)
-        rows.append(ref.MROW_FMT.pack(seq, deliver_at, off, 77, 0xABCD, draw(st.integers(0, 9)), 0, rtype,
-                                      draw(st.integers(0, 1))))
+        eoff = off if draw(st.integers(0, 12 if rtype == 1 else 2)) else off + 1
+        ENTRY.pack_into(entries, i * ENTRY.size, state, draw(st.integers(0, 3)), draw(st.integers(0, 2)), 77, eoff)
+        rows.append(ref.MROW_FMT.pack(seq, deliver_at, off, 77 + rtype, 0xABCD, draw(st.integers(0, 9)),
+                                      draw(st.integers(0, 2)), rtype, draw(st.integers(0, 1))))
     wheel = bytearray(HDR + NSLOTS * SLOT.size)
     for _ in range(draw(st.integers(0, 6))):
         k = draw(st.integers(0, NSLOTS - 1))
@@ -410,11 +418,11 @@ def test_index_rows_parks_far_messages_in_roll_units() -> None:
     for impl in (c, ref):
         spans = [Span(7, bytearray(entries), len(entries))]
         wheel = bytearray(HDR + NSLOTS * SLOT.size)
-        consumed, units, slots, late, counts, far = impl.index_rows(
+        consumed, units, slots, late, counts, far, near = impl.index_rows(
             rows, 0, spans, wheel, HDR, PRECISION, NSLOTS, load_time, window_end, load_time + NSLOTS * PRECISION,
             0, now, 10)
         got = [UNIT.unpack_from(units, k * UNIT_SIZE) for k in range(3)]
-        assert consumed == 3 and not late and not counts
+        assert consumed == 3 and not late and not counts and not near
         assert [(u[2], u[3] + u[4]) for u in got] == [(int(UnitMagic.ROLL), now + 15_000),
                                                       (int(UnitMagic.ROLL), now + 30_000),
                                                       (int(UnitMagic.ROLL), now + 30_000)]
@@ -424,6 +432,40 @@ def test_index_rows_parks_far_messages_in_roll_units() -> None:
         # Without a window (window_end at or before max(now, load_time)) the reference path decides.
         assert impl.index_rows(rows, 0, [Span(7, bytearray(entries), len(entries))], bytearray(wheel), HDR,
                                PRECISION, NSLOTS, load_time, now, load_time + NSLOTS * PRECISION, 0, now, 10)[0] == 0
+
+
+def test_index_rows_takes_roll_copies() -> None:
+    """A roll copy moves its message's entry to itself (unless the table's is newer) and gets a
+    unit: still far, a ROLL unit and flag FAR but no FarRow (it is in the far index); inside the
+    window, a DEFAULT unit counted in its slot and a FarRow in `near`. A copy of a message no
+    longer scheduled, or older than the table's, is consumed with nothing done."""
+    load_time = now = 10 * PRECISION
+    window_end = now + 30_000
+    # (deliver_at, copy's roll_count, entry: state, roll_count, offset)
+    cases = [(window_end + 100_000, 2, (1, 1, 7)), (now + 5_000, 3, (1, 2, 7)), (now + 5_000, 1, (1, 2, 7)),
+             (now + 5_000, 5, (3, 4, 7)), (now + 6_000, 4, (1, 4, 400))]
+    rows = b"".join(ref.MROW_FMT.pack(20 + i, due, 100 * (i + 1), 90, 0xABCD, 0, roll, int(RecordType.ROLL), 0)
+                    for i, (due, roll, _e) in enumerate(cases))
+    for impl in (c, ref):
+        entries = bytearray(ENTRY.size * len(cases))
+        for i, (_d, _r, (state, roll, off)) in enumerate(cases):
+            ENTRY.pack_into(entries, i * ENTRY.size, state, 0, roll, 77, off)
+        spans = [Span(20, entries, len(entries))]
+        consumed, units, _slots, late, counts, far, near = impl.index_rows(
+            rows, 0, spans, bytearray(HDR + NSLOTS * SLOT.size), HDR, PRECISION, NSLOTS, load_time, window_end,
+            load_time + NSLOTS * PRECISION, 0, now, 10)
+        assert consumed == len(cases) and not late and not far
+        got = [UNIT.unpack_from(units, k * UNIT_SIZE) for k in range(len(units) // UNIT_SIZE)]
+        assert [(u[2], u[3] + u[4], u[5], u[8]) for u in got] == [
+            (int(UnitMagic.ROLL), now + 30_000, 100, 20), (int(UnitMagic.DEFAULT), now + 5_000, 200, 21),
+            (int(UnitMagic.DEFAULT), now + 6_000, 500, 24)]
+        assert [ref.FAR.unpack_from(near, k * ref.FAR_ROW) for k in range(len(near) // ref.FAR_ROW)] == [
+            (now + 5_000, 21, 0xABCD), (now + 6_000, 24, 0xABCD)]
+        assert struct.unpack(f"<{len(counts) // 4}I", counts) == ((now + 5_000) // PRECISION % NSLOTS,
+                                                                 (now + 6_000) // PRECISION % NSLOTS)
+        assert [ENTRY.unpack_from(entries, i * ENTRY.size) for i in range(len(cases))] == [
+            (1, ref.FLAG_FAR, 2, 90, 100), (1, ref.FLAG_SLOT, 3, 90, 200), (1, 0, 2, 77, 7), (3, 0, 4, 77, 7),
+            (1, ref.FLAG_SLOT, 4, 90, 500)]
 
 
 def test_index_rows_rejects_wrong_sizes() -> None:
@@ -515,6 +557,29 @@ def resolve_case(draw: Any) -> dict[str, Any]:
 def test_classify_and_dues(case: dict[str, Any], slot_time: int) -> None:
     kinds, locs = same(c.classify, ref.classify, case["units"], case["spans"])
     same(c.dues, ref.dues, case["units"], kinds, case["reads"], slot_time)
+    same(c.roll_copies, ref.roll_copies, case["units"], kinds, case["reads"])
+
+
+@pytest.mark.parametrize("roll", [0, 7, 0xFFFE, 0xFFFF])
+def test_roll_copies_are_the_record_again_as_a_roll(roll: int) -> None:
+    """A copy differs from its record in type, flags, roll_count (+1, kept at 65,535) and CRC
+    only, decodes as the same message, and one of a damaged or missing record is a problem."""
+    rec = Record(RecordType.MESSAGE, 12, "t", b"body", 5000, 4000, roll, "tag", "k", {"h": "v"})
+    first = bytearray(encode(rec, flags=int(RecordFlag.CONTINUED)))
+    damaged = bytearray(first)
+    damaged[-1] ^= 1
+    buf = bytes(first + damaged)
+    units = b"".join(struct.pack("<q", 0) + UNIT.pack(UNIT_SIZE, -1, 2, 5, 5, off, len(first), 9, 12)
+                     for off in (100, 100 + len(first), 100 + 2 * len(first)))
+    for impl in (c, ref):
+        data, sizes, problems = impl.roll_copies(units, bytes([2, 2, 2]), [(100, buf)])
+        assert struct.unpack(f"<{len(sizes) // 4}I", sizes) == (len(first),)
+        assert problems == [(1, 2), (2, 0)]  # corrupt; not in the reads
+        got = decode(data)
+        assert (got.type, got.flags, got.roll_count) == (RecordType.ROLL, 0, min(roll + 1, 0xFFFF))
+        assert (got.seq, got.topic, got.body, got.deliver_at, got.produced_at, got.tag, got.key, got.headers) == \
+            (12, "t", b"body", 5000, 4000, "tag", "k", {"h": "v"})
+        assert data[48:] == first[48:] and data[12:36] == first[12:36] and data[38:48] == first[38:48]
 
 
 # ---------------------------------------------------------------------------------- dequeue-put

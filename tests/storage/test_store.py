@@ -55,7 +55,7 @@ def resolve(s: Store, unit: Unit, slot_time: int) -> Due | Record | None:
     """Dispatch.resolve of one unit: a Due, a Record to roll, or None (dropped)."""
     res = s.dispatch.resolve(unit_row(unit), slot_time)
     assert not res.unreadable
-    return (Due.rows(res.due) or res.roll or [None])[0]
+    return (Due.rows(res.due) or res.copies() or [None])[0]
 
 
 def test_produce_index_load_resolve_release(tmp_path: Path, clock: list[int]) -> None:
