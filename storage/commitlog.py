@@ -251,7 +251,9 @@ def decode(buf: bytes | bytearray | memoryview, pos: int = 0, offset: int = -1, 
 
     Raises TornRecord (it runs past the buffer), ChecksumMismatch/Insane/CorruptData (damage),
     or UnsupportedVersion (an intact record of a newer format: never damage). The frame is
-    checked first, then the version, then the version-1 layout and CRC.
+    checked first, then the version, then the version-1 layout and CRC; a record whose CRC
+    matches but whose topic, tag or key is not UTF-8, or whose headers are not a msgpack map,
+    is CorruptData too (no writer makes one: the API edge and the batch core check all four).
     """
     n = len(buf)
     if n - pos < HEADER_SIZE:
@@ -280,17 +282,22 @@ def decode(buf: bytes | bytearray | memoryview, pos: int = 0, offset: int = -1, 
     if type(buf) is not bytes:  # slices of bytes are bytes, and need no second copy
         buf, pos = bytes(buf[pos:pos + length]), 0
     p = pos + HEADER_SIZE + tl
-    topic = buf[pos + HEADER_SIZE:p].decode()
     tag = key = headers = None
-    if gl:
-        tag = buf[p:p + gl].decode()
-        p += gl
-    if kl:
-        key = buf[p:p + kl].decode()
-        p += kl
-    if hl:
-        headers = msgpack.unpackb(buf[p:p + hl])
-        p += hl
+    try:
+        topic = buf[pos + HEADER_SIZE:p].decode()
+        if gl:
+            tag = buf[p:p + gl].decode()
+            p += gl
+        if kl:
+            key = buf[p:p + kl].decode()
+            p += kl
+        if hl:
+            headers = msgpack.unpackb(buf[p:p + hl])
+            p += hl
+            if type(headers) is not dict:
+                raise ValueError("headers are not a map")
+    except (ValueError, TypeError, msgpack.UnpackException) as e:  # UnicodeDecodeError is a ValueError
+        raise CorruptData(f"undecodable field at {offset}: {e}") from None
     return Record(rt, seq, topic, buf[p:p + bl], deliver_at, produced_at, roll, tag, key, headers, offset, length,
                   flags)
 

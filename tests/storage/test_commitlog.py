@@ -105,6 +105,26 @@ def test_validation_errors_each_have_their_class() -> None:
         decode(bytes(bad))
 
 
+@pytest.mark.parametrize("where", ["topic", "tag", "key", "headers", "headers_form"])
+def test_a_field_that_does_not_decode_under_a_right_crc_is_corrupt(where: str) -> None:
+    """Damage the CRC does not see (a writer's bug) is CorruptData, not a UnicodeDecodeError or
+    msgpack's ValueError escaping to a caller that handles damage as StorageError."""
+    rec = full_record()
+    data = bytearray(encode(rec))
+    at = {"topic": HEADER_SIZE, "tag": HEADER_SIZE + len(rec.topic), "key": HEADER_SIZE + len(rec.topic) + 4,
+          "headers": HEADER_SIZE + len(rec.topic) + 4 + 8}
+    if where == "headers_form":  # well-formed msgpack, but not a map
+        packed, hl = msgpack.packb([1]), struct.unpack_from("<H", data, 42)[0]
+        data[at["headers"]:at["headers"] + hl] = packed
+        struct.pack_into("<H", data, 42, len(packed))
+        struct.pack_into("<I", data, 0, len(data))
+    else:
+        data[at[where]] = 0xFF if where != "headers" else 0x83  # not UTF-8; a map of 3 of 2 entries
+    struct.pack_into("<I", data, 4, zlib.crc32(bytes(data[8:])))
+    with pytest.raises(CorruptData, match="undecodable"):
+        decode(bytes(data))
+
+
 def test_append_read_and_reopen(tmp_path: Path) -> None:
     log = CommitLog(tmp_path / "cl", 1 << 16)
     recs = [encode(full_record(i, b"b" * i)) for i in range(1, 50)]
