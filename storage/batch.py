@@ -59,7 +59,7 @@ import heapq
 import struct
 import sys
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from types import ModuleType
 from typing import Any, Protocol
 
@@ -599,27 +599,33 @@ def classify(units: bytes, spans: Sequence[SpanLike]) -> tuple[bytes, bytes]:
     return bytes(kinds), b"".join(locs)
 
 
-def dues(units: bytes, kinds: bytes, reads: list[tuple[int, bytes]], slot_time: int) -> tuple[bytes, list]:
-    """DueRows of the units classified KIND_DUE, from their records in `reads` ((commit-log
-    offset, bytes) sorted by offset), each checked as commitlog.decode checks it (CRC included):
-    deliver_at, seq, offset and size from the record, the hashes of its topic and tag, the keyed
-    bit, and `slot_time`. `problems`: (unit index, outcome) where the record is not in `reads`
-    (0: the caller reads it itself) or does not check out (SCAN_TORN, SCAN_CORRUPT, SCAN_VERSION)."""
+def unit_records(units: bytes, kinds: bytes, reads: list[tuple[int, bytes]], kind: int,
+                 problems: list) -> Iterator[tuple[int, int, Any, int]]:
+    """For `dues` and `roll_copies`: (unit offset, record length, buffer, place in it) of the
+    record of each unit of `kind`, from `reads` ((commit-log offset, bytes) sorted by offset),
+    checked as commitlog.decode checks it (CRC included). A unit whose record is not in `reads`
+    (outcome 0: the caller reads it itself) or does not check out (SCAN_TORN, SCAN_CORRUPT,
+    SCAN_VERSION) goes into `problems` as (unit index, outcome)."""
     require(len(units) % UROW == 0 and len(kinds) == len(units) // UROW, "units/kinds")
     starts = [s for s, _ in reads]
-    out, problems = [], []
     for i in range(len(units) // UROW):
-        if kinds[i] != KIND_DUE:
+        if kinds[i] != kind:
             continue
         _s, _p, _m, _e, _d, off, size, _th, _seq = UNIT.unpack_from(units, i * UROW + 8)
         found = read_record(reads, starts, off, size)
-        if found is None:
-            problems.append((i, 0))
+        if found is None or found[0] != SCAN_OK:
+            problems.append((i, 0 if found is None else found[0]))
             continue
-        c, length, buf, at = found
-        if c != SCAN_OK:
-            problems.append((i, c))
-            continue
+        yield off, found[1], found[2], found[3]
+
+
+def dues(units: bytes, kinds: bytes, reads: list[tuple[int, bytes]], slot_time: int) -> tuple[bytes, list]:
+    """DueRows of the units classified KIND_DUE, from their records (`unit_records`): deliver_at,
+    seq, offset and size from the record, the hashes of its topic and tag, the keyed bit, and
+    `slot_time`; `problems` as `unit_records` gives them."""
+    out: list[bytes] = []
+    problems: list[tuple[int, int]] = []
+    for off, length, buf, at in unit_records(units, kinds, reads, KIND_DUE, problems):
         (_l, _c, _v, _t, _f, seq, deliver_at, _pa, _r, tl, gl, kl, _h, _b) = RECORD.unpack_from(buf, at)
         topic = bytes(buf[at + RECORD.size:at + RECORD.size + tl])
         tag = bytes(buf[at + RECORD.size + tl:at + RECORD.size + tl + gl])
@@ -633,24 +639,13 @@ MAX_ROLL_COUNT = 0xFFFF  # a record's roll_count (u16) stays here once there
 
 def roll_copies(units: bytes, kinds: bytes, reads: list[tuple[int, bytes]]) -> tuple[bytes, bytes, list]:
     """The roll copies of the units classified KIND_ROLL, packed back to back for one append
-    (`sizes`: each copy's length, u32), in unit order: the record from `reads`, checked as `dues`
-    checks it, again with type ROLL, flags 0, roll_count + 1 (it stays at MAX_ROLL_COUNT) and its
-    CRC made anew; every other byte is the record's own. `problems` as in `dues`."""
-    require(len(units) % UROW == 0 and len(kinds) == len(units) // UROW, "units/kinds")
-    starts = [s for s, _ in reads]
-    out, sizes, problems = [], [], []
-    for i in range(len(units) // UROW):
-        if kinds[i] != KIND_ROLL:
-            continue
-        _s, _p, _m, _e, _d, off, size, _th, _seq = UNIT.unpack_from(units, i * UROW + 8)
-        found = read_record(reads, starts, off, size)
-        if found is None:
-            problems.append((i, 0))
-            continue
-        c, length, buf, at = found
-        if c != SCAN_OK:
-            problems.append((i, c))
-            continue
+    (`sizes`: each copy's length, u32), in unit order: the record (`unit_records`) again with
+    type ROLL, flags 0, roll_count + 1 (it stays at MAX_ROLL_COUNT) and its CRC made anew; every
+    other byte is the record's own. `problems` as in `dues`."""
+    out: list[bytes] = []
+    sizes: list[int] = []
+    problems: list[tuple[int, int]] = []
+    for _off, length, buf, at in unit_records(units, kinds, reads, KIND_ROLL, problems):
         copy = bytearray(buf[at:at + length])
         copy[9], copy[10:12] = RecordType.ROLL, b"\0\0"
         roll = int.from_bytes(copy[36:38], "little")

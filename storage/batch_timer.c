@@ -532,120 +532,123 @@ done:
     return res;
 }
 
-/* dues(units, kinds, reads, slot_time) -> (dues, problems)
- * The DueRows of the units classified 1, from their records (taken from `reads`, checked like
- * commitlog.decode with CRC): deliver_at, seq, offset and size from the record, the topic hash and
- * tag hash of its topic and tag, the keyed bit. `problems`: (unit index, outcome) for units whose
- * record is not in `reads` (outcome 0: the caller reads it itself) or does not check out (1 torn,
- * 2 corrupt, 3 version). */
-PyObject *dues(PyObject *self, PyObject *args) {
-    PyObject *units_o, *kinds_o, *reads_o;
-    long long slot_time;
-    if (!PyArg_ParseTuple(args, "OOO!L", &units_o, &kinds_o, &PyList_Type, &reads_o, &slot_time)) return NULL;
-    Buf ub, kb;
-    if (buf_get(units_o, &ub, 0, "units") < 0) return NULL;
-    if (buf_get(kinds_o, &kb, 0, "kinds") < 0) { buf_release(&ub); return NULL; }
-    Py_ssize_t nreads = 0;
-    Out o = {0};
-    PyObject *problems = NULL, *res = NULL;
-    Read *reads = reads_get(reads_o, &nreads);
-    if (!reads) goto done;
-    Py_ssize_t n = ub.view.len / UROW;
-    if (ub.view.len % UROW || kb.view.len != n) { PyErr_SetString(PyExc_ValueError, "units/kinds"); goto done; }
-    problems = PyList_New(0);
-    if (!problems) goto done;
-    const uint8_t *kinds = kb.view.buf;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (kinds[i] != 1) continue;
-        const uint8_t *u = (const uint8_t *)ub.view.buf + i * UROW + 8;
-        int64_t off = rdi64(u + 28);
-        int outcome;
-        uint32_t len = 0;
-        const uint8_t *r = record_in(reads, nreads, off, rd32(u + 36), &outcome, &len);
-        if (!r || outcome) {
-            PyObject *p = Py_BuildValue("(ni)", i, r ? outcome : 0);
-            if (!p || PyList_Append(problems, p) < 0) { Py_XDECREF(p); goto done; }
-            Py_DECREF(p);
-            continue;
-        }
-        size_t tl = r[38], gl = r[39];
-        uint8_t *d = out_take(&o, DROW);
-        if (!d) goto done;
-        wri64(d, rdi64(r + 20));
-        wr64(d + 8, rd64(r + 12));
-        wri64(d + 16, off);
-        wr32(d + 24, len);
-        wr32(d + 28, crc32_update(0, r + RECORD_HEADER, tl));
-        wr32(d + 32, tag_hash(r + RECORD_HEADER + tl, gl));
-        wr32(d + 36, rd16(r + 40) ? ROW_KEYED : 0);
-        wri64(d + 40, slot_time);
-    }
-    PyObject *db = out_bytes(&o);
-    if (!db) goto done;
-    res = Py_BuildValue("(NO)", db, problems);
-done:
-    reads_release(reads, nreads);
-    out_free(&o);
-    Py_XDECREF(problems);
-    buf_release(&ub);
-    buf_release(&kb);
-    return res;
-}
+/* The records of the units of one kind, for dues and roll_copies: `visit` gets each unit (past its
+ * 8-byte position) and its record from `reads`, checked like commitlog.decode with CRC (its length
+ * in `len`), and returns 0, or -1 with an error set. A unit whose record is not in `reads`
+ * (outcome 0: the caller reads it itself) or does not check out (1 torn, 2 corrupt, 3 version)
+ * goes into the returned list of problems, (unit index, outcome); NULL with an error set. */
+typedef int (*UnitRecordVisit)(void *ctx, const uint8_t *u, const uint8_t *r, uint32_t len);
 
-/* roll_copies(units, kinds, reads) -> (data, sizes, problems)
- * The roll copies of the units classified 2, packed back to back for one append (`sizes`: each
- * copy's length, u32), in unit order: the record from `reads` (checked as dues checks it) again,
- * with type ROLL, flags 0, roll_count + 1 (it stays at 0xFFFF) and its CRC made anew. `problems`
- * as in dues. */
-PyObject *roll_copies(PyObject *self, PyObject *args) {
-    PyObject *units_o, *kinds_o, *reads_o;
-    if (!PyArg_ParseTuple(args, "OOO!", &units_o, &kinds_o, &PyList_Type, &reads_o)) return NULL;
+static PyObject *unit_records(PyObject *units_o, PyObject *kinds_o, PyObject *reads_o, uint8_t kind,
+                              UnitRecordVisit visit, void *ctx) {
     Buf ub, kb;
     if (buf_get(units_o, &ub, 0, "units") < 0) return NULL;
     if (buf_get(kinds_o, &kb, 0, "kinds") < 0) { buf_release(&ub); return NULL; }
     Py_ssize_t nreads = 0;
-    Out o = {0}, sizes = {0};
-    PyObject *problems = NULL, *res = NULL;
+    PyObject *problems = NULL;
     Read *reads = reads_get(reads_o, &nreads);
-    if (!reads) goto done;
+    if (!reads) goto fail;
     Py_ssize_t n = ub.view.len / UROW;
-    if (ub.view.len % UROW || kb.view.len != n) { PyErr_SetString(PyExc_ValueError, "units/kinds"); goto done; }
+    if (ub.view.len % UROW || kb.view.len != n) { PyErr_SetString(PyExc_ValueError, "units/kinds"); goto fail; }
     problems = PyList_New(0);
-    if (!problems) goto done;
+    if (!problems) goto fail;
     const uint8_t *kinds = kb.view.buf;
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (kinds[i] != 2) continue;
+        if (kinds[i] != kind) continue;
         const uint8_t *u = (const uint8_t *)ub.view.buf + i * UROW + 8;
         int outcome;
         uint32_t len = 0;
         const uint8_t *r = record_in(reads, nreads, rdi64(u + 28), rd32(u + 36), &outcome, &len);
         if (!r || outcome) {
             PyObject *p = Py_BuildValue("(ni)", i, r ? outcome : 0);
-            if (!p || PyList_Append(problems, p) < 0) { Py_XDECREF(p); goto done; }
+            if (!p || PyList_Append(problems, p) < 0) { Py_XDECREF(p); goto fail; }
             Py_DECREF(p);
             continue;
         }
-        uint8_t *c = out_take(&o, len), *z = out_take(&sizes, 4);
-        if (!c || !z) goto done;
-        memcpy(c, r, len);  /* record_in checked that all `len` bytes are in the read */
-        c[9] = REC_ROLL;
-        wr16(c + 10, 0);
-        uint16_t roll = rd16(c + 36);
-        wr16(c + 36, roll == 0xFFFF ? roll : (uint16_t)(roll + 1));
-        wr32(c + 4, crc32_update(0, c + 8, len - 8));
-        wr32(z, len);
+        if (visit(ctx, u, r, len) < 0) goto fail;
     }
-    PyObject *data = out_bytes(&o);
-    if (!data) goto done;
-    PyObject *sb = out_bytes(&sizes);
-    if (!sb) { Py_DECREF(data); goto done; }
-    res = Py_BuildValue("(NNO)", data, sb, problems);
+    goto done;
+fail:
+    Py_CLEAR(problems);
 done:
     reads_release(reads, nreads);
-    out_free(&o);
-    out_free(&sizes);
-    Py_XDECREF(problems);
     buf_release(&ub);
     buf_release(&kb);
+    return problems;
+}
+
+typedef struct {
+    Out o;
+    int64_t slot_time;
+} DuesCtx;
+
+static int due_of(void *ctx, const uint8_t *u, const uint8_t *r, uint32_t len) {
+    DuesCtx *c = ctx;
+    size_t tl = r[38], gl = r[39];
+    uint8_t *d = out_take(&c->o, DROW);
+    if (!d) return -1;
+    wri64(d, rdi64(r + 20));
+    wr64(d + 8, rd64(r + 12));
+    wri64(d + 16, rdi64(u + 28));
+    wr32(d + 24, len);
+    wr32(d + 28, crc32_update(0, r + RECORD_HEADER, tl));
+    wr32(d + 32, tag_hash(r + RECORD_HEADER + tl, gl));
+    wr32(d + 36, rd16(r + 40) ? ROW_KEYED : 0);
+    wri64(d + 40, c->slot_time);
+    return 0;
+}
+
+/* dues(units, kinds, reads, slot_time) -> (dues, problems)
+ * The DueRows of the units classified 1, from their records (unit_records): deliver_at, seq,
+ * offset and size from the record, the topic hash and tag hash of its topic and tag, the keyed
+ * bit. `problems` as unit_records gives them. */
+PyObject *dues(PyObject *self, PyObject *args) {
+    PyObject *units_o, *kinds_o, *reads_o;
+    DuesCtx c = {.o = {0}};
+    if (!PyArg_ParseTuple(args, "OOO!L", &units_o, &kinds_o, &PyList_Type, &reads_o, &c.slot_time)) return NULL;
+    PyObject *problems = unit_records(units_o, kinds_o, reads_o, 1, due_of, &c), *res = NULL;
+    if (problems) {
+        PyObject *db = out_bytes(&c.o);
+        res = db ? Py_BuildValue("(NN)", db, problems) : NULL;
+        if (!db) Py_DECREF(problems);
+    }
+    out_free(&c.o);
+    return res;
+}
+
+typedef struct {
+    Out data, sizes;
+} RollCtx;
+
+static int roll_copy_of(void *ctx, const uint8_t *u, const uint8_t *r, uint32_t len) {
+    RollCtx *c = ctx;
+    uint8_t *copy = out_take(&c->data, len), *z = out_take(&c->sizes, 4);
+    if (!copy || !z) return -1;
+    memcpy(copy, r, len);  /* record_in checked that all `len` bytes are in the read */
+    copy[9] = REC_ROLL;
+    wr16(copy + 10, 0);
+    uint16_t roll = rd16(copy + 36);
+    wr16(copy + 36, roll == 0xFFFF ? roll : (uint16_t)(roll + 1));
+    wr32(copy + 4, crc32_update(0, copy + 8, len - 8));
+    wr32(z, len);
+    return 0;
+}
+
+/* roll_copies(units, kinds, reads) -> (data, sizes, problems)
+ * The roll copies of the units classified 2, packed back to back for one append (`sizes`: each
+ * copy's length, u32), in unit order: the record (unit_records) again, with type ROLL, flags 0,
+ * roll_count + 1 (it stays at 0xFFFF) and its CRC made anew. `problems` as in dues. */
+PyObject *roll_copies(PyObject *self, PyObject *args) {
+    PyObject *units_o, *kinds_o, *reads_o;
+    if (!PyArg_ParseTuple(args, "OOO!", &units_o, &kinds_o, &PyList_Type, &reads_o)) return NULL;
+    RollCtx c = {.data = {0}, .sizes = {0}};
+    PyObject *problems = unit_records(units_o, kinds_o, reads_o, 2, roll_copy_of, &c), *res = NULL;
+    if (problems) {
+        PyObject *data = out_bytes(&c.data), *sizes = data ? out_bytes(&c.sizes) : NULL;
+        res = sizes ? Py_BuildValue("(NNN)", data, sizes, problems) : NULL;
+        if (!sizes) { Py_XDECREF(data); Py_DECREF(problems); }
+    }
+    out_free(&c.data);
+    out_free(&c.sizes);
     return res;
 }
