@@ -642,7 +642,7 @@ def roll_copies(units: bytes, kinds: bytes, reads: list[tuple[int, bytes]]) -> t
     (`sizes`: each copy's length, u32), in unit order: the record (`unit_records`) again with
     type ROLL, flags 0, roll_count + 1 (it stays at MAX_ROLL_COUNT) and its CRC made anew; every
     other byte is the record's own. `problems` as in `dues`."""
-    out: list[bytes] = []
+    out: list[bytearray] = []
     sizes: list[int] = []
     problems: list[tuple[int, int]] = []
     for _off, length, buf, at in unit_records(units, kinds, reads, KIND_ROLL, problems):
