@@ -9,8 +9,8 @@ together: a wave of rolls every window. Each round starts a fresh daemon (fsync 
 fills `--m` messages (100-byte bodies) due an hour ahead over four connections, and waits for
 `--waves` waves (`rolled_total` in /v1/stats reaching waves x m). Prints, a round and as a
 median, the daemon's CPU a roll: from the end of the fill until the last wave is done, less what
-the idle daemon spends in that time, over the rolls made in it (reading the record, appending
-the copy, indexing it, checkpoints). A wave is as spread out as the fill was (a copy's roll slot
+the daemon spends in that time on the trickle below alone (measured before the fill), over the
+rolls made in it (reading the record, appending the copy, indexing it, checkpoints). A wave is as spread out as the fill was (a copy's roll slot
 is a window after it was indexed), so its length says nothing; the CPU does. Meanwhile a
 trickle on a topic of its own (TRICKLE messages every TRICKLE_EVERY_S, due 1-2 s after they are
 produced, one consumer) measures whether releases wait behind the rolls: its lateness (receive
@@ -41,6 +41,7 @@ WINDOW_MS = 4000
 CONFIG = f"roll_window_ms = {WINDOW_MS}\ncheckpoint_interval_ms = 1000\n"
 POLL_S = 0.02
 TRICKLE, TRICKLE_EVERY_S = 20, 0.05  # 400 msg/s
+TRICKLE_ALONE_S = 4.0
 
 
 async def fill(url: str, m: int, due_ms: int) -> None:
@@ -86,6 +87,14 @@ async def trickle(url: str, stop: asyncio.Event, lateness: list[float]) -> None:
             await task
 
 
+async def trickle_alone(url: str, seconds: float) -> None:
+    stop = asyncio.Event()
+    side = asyncio.create_task(trickle(url, stop, []))
+    await asyncio.sleep(seconds)
+    stop.set()
+    await side
+
+
 async def rolls_with_trickle(d: DaemonProcess, target: int, deadline: float, lateness: list[float]) -> int:
     """Wait (polling /v1/stats) until `target` rolls were made, a trickle running meanwhile."""
     stop = asyncio.Event()
@@ -109,17 +118,16 @@ def one(m: int, waves: int, prefix: list[str] | None) -> tuple[float, dict[str, 
         d = DaemonProcess(Path(tmp) / "data", config_text=CONFIG, command_prefix=prefix).start()
         try:
             proc = psutil.Process(d.proc.pid)
-            c = cpu_s(proc)
-            time.sleep(1)
-            idle_per_s = cpu_s(proc) - c
+            t, c = time.monotonic(), cpu_s(proc)
+            asyncio.run(trickle_alone(d.url, TRICKLE_ALONE_S))
+            trickle_per_s = (cpu_s(proc) - c) / (time.monotonic() - t)
             asyncio.run(fill(d.url, m, int(time.time() * 1000) + 3_600_000))
             t0, c0, r0 = time.monotonic(), cpu_s(proc), rolled(d)
             lateness: list[float] = []
             last = asyncio.run(rolls_with_trickle(d, waves * m, t0 + 60 + waves * (WINDOW_MS / 1000 + m / 10_000),
                                                   lateness))
             t1, c1 = time.monotonic(), cpu_s(proc)
-            # The trickle's own CPU in the daemon is in c1 - c0 too: small (400 msg/s) beside the rolls.
-            return (c1 - c0 - idle_per_s * (t1 - t0)) / (last - r0) * 1e6, lateness_summary(lateness)
+            return (c1 - c0 - trickle_per_s * (t1 - t0)) / (last - r0) * 1e6, lateness_summary(lateness)
         finally:
             d.stop(120)
 
