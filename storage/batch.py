@@ -372,12 +372,13 @@ def unit_row(u: Any) -> bytes:
                                             u.commit_offset, u.commit_size, u.topic_hash, u.seq)
 
 
-def read_rows(commit: Any, pos: int, max_records: int, end: int | None = None) -> tuple[bytes, int]:
+def read_rows(commit: Any, pos: int, max_records: int, end: int | None = None, *,
+              verify: bool = False) -> tuple[bytes, int]:
     """enqueue-get: MessageRows of up to `max_records` records from commit-log offset `pos` up to
     `end` (default: the log's end), not CRC-checked again (the daemon wrote them, or recovery
-    checked them), and the offset after them. One read and one compiled scan per call; where no
-    whole record is at `pos` (one larger than a read, damage to step over, a newer version) the
-    commit log's own scan decides."""
+    checked them; `verify`: checked, for recovery's passes), and the offset after them. One read
+    and one compiled scan per call; where no whole record is at `pos` (one larger than a read,
+    damage to step over, a newer version) the commit log's own scan decides."""
     files = commit.files
     stop = files.end if end is None else min(end, files.end)
     if pos >= stop:
@@ -386,10 +387,10 @@ def read_rows(commit: Any, pos: int, max_records: int, end: int | None = None) -
     seg_end = min(files.segment_end(base), stop)
     if pos < seg_end:
         buf = files.read(pos, min(SCAN_READ, seg_end - pos))
-        rows, consumed, _outcome = ops.scan_rows(buf, pos, False, max_records)
+        rows, consumed, _outcome = ops.scan_rows(buf, pos, verify, max_records)
         if consumed:
             return rows, pos + consumed
-    records, after = commit.read_records(pos, max_records, stop)
+    records, after = commit.read_records(pos, max_records, stop, verify=verify)
     return b"".join(row_of(r) for r in records), after
 
 

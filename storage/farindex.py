@@ -34,20 +34,20 @@ from __future__ import annotations
 
 import heapq
 import sqlite3
-import zlib
 from collections.abc import Iterable
 from itertools import repeat
 from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
-from delayd.storage.commitlog import Record, RecordType
+from delayd.storage.batch import MROW_FMT
+from delayd.storage.commitlog import RecordType
 from delayd.storage.errors import UnsupportedVersion
 from delayd.storage.keyindex import connect, insert_rows, open_or_set_aside, sqlite_bytes, write_commit_pos
 from delayd.storage.msgtable import MessageState, MessageTable
 
 FARINDEX_VERSION = 1
-REPLAY_BATCH = 4096  # records whose message-table entries recovery reads together
+_MESSAGE, _ROLL = int(RecordType.MESSAGE), int(RecordType.ROLL)
 
 Row = tuple[int, int, int]  # (deliver_at, seq, topic_hash)
 PUT_ROW = "(?, ?, ?)"
@@ -236,30 +236,22 @@ def open_far(path: Path) -> tuple[FarIndex, bool]:
     return far, bad or far.created
 
 
-def replay(far: FarIndex, records: Iterable[Record], msgs: MessageTable, far_flag: int) -> int:
-    """Recovery: put every message of `records` that the message table says is pending and
-    parked far (its flags carry `far_flag`). Idempotent; returns the rows put. The state is
-    the message table's current one, so a record's own offset does not matter: a message
-    first indexed before the scan start but rolled since is found by its roll copy."""
+def replay(far: FarIndex, chunks: Iterable[bytes], msgs: MessageTable, far_flag: int) -> int:
+    """Recovery: put every message of the MessageRows in `chunks` (storage.batch, in log order)
+    that the message table says is pending and parked far (its flags carry `far_flag`).
+    Idempotent; returns the rows put. The state is the message table's current one, so a
+    record's own offset does not matter: a message first indexed before the scan start but
+    rolled since is found by its roll copy."""
     n = 0
-    batch: list[Record] = []
-    for rec in records:
-        if rec.type in (RecordType.MESSAGE, RecordType.ROLL):
-            batch.append(rec)
-            if len(batch) >= REPLAY_BATCH:
-                n += _replay_batch(far, batch, msgs, far_flag)
-                batch = []
-    return n + _replay_batch(far, batch, msgs, far_flag)
-
-
-def _replay_batch(far: FarIndex, batch: list[Record], msgs: MessageTable, far_flag: int) -> int:
-    n = 0
-    msgs.begin_batch(rec.seq for rec in batch)  # one read per run of seqs, not one per record
-    try:
-        for rec in batch:
-            if msgs.get(rec.seq)[0] == MessageState.SCHEDULED and msgs.flags(rec.seq) & far_flag:
-                far.put(rec.deliver_at, rec.seq, zlib.crc32(rec.topic.encode()))
-                n += 1
-    finally:
-        msgs.end_batch()
+    for rows in chunks:
+        picked = [(seq, due, th) for seq, due, _o, _s, th, _t, _r, rtype, _f in MROW_FMT.iter_unpack(rows)
+                  if rtype == _MESSAGE or rtype == _ROLL]
+        msgs.begin_batch(p[0] for p in picked)  # one read per run of seqs, not one per record
+        try:
+            for seq, deliver_at, topic_hash in picked:
+                if msgs.get(seq)[0] == MessageState.SCHEDULED and msgs.flags(seq) & far_flag:
+                    far.put(deliver_at, seq, topic_hash)
+                    n += 1
+        finally:
+            msgs.end_batch()
     return n

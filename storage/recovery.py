@@ -13,13 +13,16 @@ logged at WARNING with what it cut.
 from __future__ import annotations
 
 import logging
+import struct
 import time
-from collections.abc import Callable
+from array import array
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from delayd.storage import batch, farindex
 from delayd.storage import checkpoint as ckpt
-from delayd.storage import farindex
+from delayd.storage.batch import MROW, MROW_FMT, ROW_KEYED
 from delayd.storage.commitlog import CommitLog, Record, RecordType, ScanReport
 from delayd.storage.counters import Counters
 from delayd.storage.datadir import DataDir, Layout
@@ -39,7 +42,13 @@ from delayd.storage.timerwheel import validate as validate_wheel
 
 log = logging.getLogger("delayd.storage")
 
-REPLAY_BATCH = 4096  # records per indexing call while re-indexing
+REPLAY_BATCH = 4096  # records a chunk of recovery's passes (MessageRows read and indexed together)
+# Keys the key index's replay leaves queued for the first checkpoint (the broker's default
+# max_unwritten_keys): past it (a rebuild) it writes them as it goes.
+REPLAY_KEYS_HELD = 500_000
+_LOC = struct.Struct("<qI")  # a record's (offset, size), as record_keys takes them
+_MESSAGE, _ROLL, _CANCEL, _RELEASE, _GROUP = (int(t) for t in (RecordType.MESSAGE, RecordType.ROLL, RecordType.CANCEL,
+                                                                RecordType.RELEASE, RecordType.GROUP))
 
 
 @dataclass(slots=True)
@@ -259,11 +268,17 @@ def _repair(store: Store, cp: ckpt.Checkpoint | None, found: _Found, rep: Recove
     # The ready queues are derived from the RELEASE records: append what a record past the
     # checkpoint says and a queue lacks (a crash between the record and the units, or a
     # replica's queue). Counted below, with the rest of the queue past the checkpoint.
-    for rec in commit.scan(cp.commit_end if cp is not None else commit.start):
-        if rec.type == RecordType.RELEASE:
-            dispatch.apply_release(rec, count=False)
-        elif cp is not None:
-            _count_append(counters, rec)
+    for rows in _rows(commit, cp.commit_end if cp is not None else commit.start):
+        produced: dict[int, list[int]] = {}  # topic hash -> [messages, offset and size of the first]
+        for _seq, _due, offset, size, th, _tag, _roll, rtype, _flags in MROW_FMT.iter_unpack(rows):
+            if rtype == _RELEASE:
+                dispatch.apply_release(commit.read(offset, size), count=False)
+            elif cp is not None and rtype == _MESSAGE:
+                produced.setdefault(th, [0, offset, size])[0] += 1
+            elif cp is not None and rtype == _CANCEL:
+                counters.cancelled(_topic_name(commit, counters, th, offset, size))
+        for th, (n, offset, size) in produced.items():
+            counters.produced(_topic_name(commit, counters, th, offset, size), n)
     # Deliveries past the checkpoint: the ready queues are their record. Counters change
     # only with appends (produce/cancel to the commit log, release to a ready queue), so
     # replaying exactly the appends after the checkpoint's snapshot makes them exact.
@@ -284,40 +299,64 @@ def _repair(store: Store, cp: ckpt.Checkpoint | None, found: _Found, rep: Recove
         indexer.full_until = commit.end
         for rec in commit.scan(start):
             _rebuild_message_state(msgs, counters, rec)
-    # Re-index the commit log from C: the normal enqueue path, batch by batch. A batch that is
-    # blocked (a long stop: the wheel must turn first) leaves the rest to enqueue-get, which
-    # goes on from `indexed`; the scan still restores state and collects group events.
-    batch: list[Record] = []
+    # Re-index the commit log from C: the normal enqueue path (`Indexer.index_rows`), a chunk of
+    # MessageRows at a time. A chunk that is blocked (a long stop: the wheel must turn first)
+    # leaves the rest to enqueue-get, which goes on from `indexed`; the pass still restores
+    # state and collects group events.
     blocked = False
-    for rec in commit.scan(start):
-        store.next_seq = max(store.next_seq, rec.seq + 1)
-        if rec.type == RecordType.GROUP:
-            rep.group_events.append(rec)
-        elif not full:
-            # Message-table writes after the checkpoint were never fsynced: after a power
-            # cut they may be gone. The log says what they were.
-            _restore_state(msgs, rec)
-        if blocked:
-            continue
-        batch.append(rec)
-        if len(batch) >= REPLAY_BATCH:
-            blocked = _replay(indexer, batch, now, rep)
-            batch = []
-    if batch and not blocked:
-        blocked = _replay(indexer, batch, now, rep)
+    for rows in _rows(commit, start):
+        if not full:  # (the entries _restore_state reads and writes, a read a run of seqs)
+            msgs.begin_batch(r[0] for r in MROW_FMT.iter_unpack(rows))
+        try:
+            for seq, _due, offset, size, _th, _tag, roll, rtype, _flags in MROW_FMT.iter_unpack(rows):
+                if seq >= store.next_seq:
+                    store.next_seq = seq + 1
+                if rtype == _GROUP:
+                    rep.group_events.append(commit.read(offset, size))
+                elif not full:
+                    # Message-table writes after the checkpoint were never fsynced: after a power
+                    # cut they may be gone. The log says what they were.
+                    _restore_state(msgs, rtype, seq, offset, size, roll)
+        finally:
+            msgs.end_batch()
+        if not blocked:
+            blocked = _replay(indexer, rows, now, rep)
     if not blocked:
         indexer.indexed = commit.end
     _recover_keys(store, cp, rep, keys_rebuilt)
-    _recover_far(store, cp, rep, far_rebuild)
+    _recover_far(store, cp, rep, far_rebuild, start)
 
 
-def _replay(indexer: Indexer, batch: list[Record], now: int, rep: RecoveryReport) -> bool:
-    """Index one replay batch; True when it was blocked. (Late messages are not handed on:
-    recovered units sit in slot R, which dequeue-get loads first anyway.)"""
-    result = indexer.index(batch, now)
+def _rows(commit: CommitLog, start: int, end: int | None = None) -> Iterator[bytes]:
+    """MessageRows of every intact record from `start` up to `end` (default: the log's end),
+    REPLAY_BATCH records a chunk: the compiled scan, CRC-checked (a damaged record is skipped, as
+    `CommitLog.scan` skips it; `recover` has reported it). Recovery's passes read the log so, and
+    decode only the records they need whole (RELEASE, GROUP, keyed ones)."""
+    pos, stop = start, commit.end if end is None else end
+    while pos < stop:
+        rows, pos = batch.read_rows(commit, pos, REPLAY_BATCH, stop, verify=True)
+        if not rows:
+            return  # (the commit log's scan found no record up to the end)
+        yield rows
+
+
+def _topic_name(commit: CommitLog, counters: Counters, topic_hash: int, offset: int, size: int) -> str:
+    """The name of a topic hash (known for every topic counted since the start), else read from
+    the record at `offset`, one of that topic's."""
+    name = counters.topic_names.get(topic_hash)
+    if name is None:
+        name = commit.read(offset, size).topic
+        counters.topic_hash(name)
+    return name
+
+
+def _replay(indexer: Indexer, rows: bytes, now: int, rep: RecoveryReport) -> bool:
+    """Index one chunk of MessageRows; True when it was blocked. (Late messages are not handed
+    on: recovered units sit in slot R, which dequeue-get loads first anyway.)"""
+    result = indexer.index_rows(rows, now)
     rep.replayed_records += result.consumed
     if result.blocked:
-        indexer.indexed = batch[result.consumed].offset
+        indexer.indexed = MROW_FMT.unpack_from(rows, result.consumed * MROW)[2]
         log.info("recovery: re-indexing paused at offset %d until the wheel turns (a long stop)",
                  indexer.indexed)
     return result.blocked
@@ -331,26 +370,33 @@ def open_keys(path: Path) -> tuple[KeyIndex, bool]:
 def _recover_keys(store: Store, cp: ckpt.Checkpoint | None, rep: RecoveryReport, rebuilt: bool) -> None:
     """Bring the key index up to the log: replay from where its own commit says it is
     complete (or from the checkpoint, whichever is older; everything if it is behind the
-    oldest segment or was rebuilt)."""
+    oldest segment or was rebuilt). The replay queues its writes as produce does, and the
+    first checkpoint writes them (its thread; lookups meanwhile answered from the overlay);
+    only past REPLAY_KEYS_HELD keys does it write them here."""
     keys, commit = store.keys, store.commit
     pos = min(keys.commit_pos, cp.commit_indexed if cp else commit.start)
     if rebuilt or pos < commit.start or (keys.created and commit.end > commit.start):
         keys.reset()
         pos = commit.start
         rep.keys = "rebuilt"
-    rows: list[tuple[str, str, int, int]] = []
-    for rec in commit.scan(pos):
-        if rec.key is None:
-            continue
-        rep.keys_replayed += 1
-        if rec.type == RecordType.MESSAGE:
-            rows.append((rec.topic, rec.key, rec.seq, rec.deliver_at))
-        elif rec.type == RecordType.CANCEL:
-            keys.put_many(rows)
-            rows = []
-            keys.release(rec.topic, rec.key, rec.seq)
-    keys.put_many(rows)
-    keys.commit(commit.end)
+    for chunk in _rows(commit, pos):
+        run: list[tuple[int, int, int, int, int, int]] = []  # consecutive messages of one topic
+        for seq, deliver_at, offset, size, th, _tag, _roll, rtype, flags in MROW_FMT.iter_unpack(chunk):
+            keyed = flags & ROW_KEYED
+            rep.keys_replayed += keyed
+            if rtype == _MESSAGE and (not run or (seq == run[-1][0] + 1 and th == run[-1][4])):
+                run.append((seq, deliver_at, offset, size, th, keyed))
+                continue
+            _put_keys(store, run)
+            run = [(seq, deliver_at, offset, size, th, keyed)] if rtype == _MESSAGE else []
+            if rtype == _CANCEL and keyed:
+                rec = commit.read(offset, size)
+                if rec.key is not None:
+                    keys.release(rec.topic, rec.key, rec.seq)
+        _put_keys(store, run)
+        if keys.unwritten >= REPLAY_KEYS_HELD:  # (a rebuild: written as it goes, not all held)
+            _seq, _due, offset, size, *_rest = MROW_FMT.unpack_from(chunk, len(chunk) - MROW)
+            keys.commit(offset + size)
     ends = cp.ready_ends if cp else {}
     done = []
     for topic in store.ready.topics():
@@ -362,29 +408,50 @@ def _recover_keys(store: Store, cp: ckpt.Checkpoint | None, rep: RecoveryReport,
             if rec.key is not None:
                 done.append((u.released_at, topic, rec.key, u.seq))
     keys.delivered(done)
-    keys.commit(commit.end)
 
 
-def _recover_far(store: Store, cp: ckpt.Checkpoint | None, rep: RecoveryReport, rebuild: bool) -> None:
+def _put_keys(store: Store, run: list[tuple[int, int, int, int, int, int]]) -> None:
+    """Queue the keys of `run`, MessageRows' (seq, deliver_at, offset, size, topic hash, keyed) of
+    consecutive messages of one topic, as the produce that appended them did (`put_run`): their
+    keys taken by the batch core from one read per stretch of the log (`record_keys`, no Record
+    a message). A run with a record the core could not take is read record by record."""
+    if not any(r[5] for r in run):
+        return
+    commit = store.commit
+    locs = b"".join(_LOC.pack(offset, size) for _seq, _due, offset, size, _th, _k in run)
+    keys, seqs, problems = batch.ops.record_keys(locs, store.dispatch.read_runs(locs), 12)
+    topic = _topic_name(commit, store.counters, run[0][4], run[0][2], run[0][3])
+    first = run[0][0]
+    if not problems and seqs == array("Q", range(first, first + len(run))).tobytes():
+        store.keys.put_run(topic, keys, first, array("q", [r[1] for r in run]))
+        return
+    rows = []
+    for seq, deliver_at, offset, size, _th, _k in run:
+        try:
+            rec = commit.read(offset, size)
+        except StorageError:
+            continue
+        if rec.key is not None:
+            rows.append((rec.topic, rec.key, seq, deliver_at))
+    store.keys.put_many(rows)
+
+
+def _recover_far(store: Store, cp: ckpt.Checkpoint | None, rep: RecoveryReport, rebuild: bool, start: int) -> None:
     """Bring the far index up to the log (storage.farindex): replay from where its own commit
     says it is complete, or rebuild it from the oldest segment when it is new or unusable or
-    the message table was just rebuilt (no checkpoint)."""
+    the message table was just rebuilt (no checkpoint). Re-indexing from `start` queued the
+    rows of what it indexed, as it does at any time (enqueue-get queues those of what it
+    indexes later, after a pass that was blocked): a replay stops there, unless the index was
+    just emptied, which dropped them too."""
     far, commit = store.far, store.commit
     pos = min(far.commit_pos, cp.commit_indexed if cp else commit.start)
+    end: int | None = start
     if rebuild or cp is None or pos < commit.start:
         far.reset()
-        pos = commit.start
+        pos, end = commit.start, None
         rep.far = "rebuilt"
-    rep.far_replayed = farindex.replay(far, commit.scan(pos), store.msgs, int(Placed.FAR))
+    rep.far_replayed = farindex.replay(far, _rows(commit, pos, end), store.msgs, int(Placed.FAR))
     far.commit(store.indexer.indexed)
-
-
-def _count_append(counters: Counters, rec: Record) -> None:
-    """Counter changes of one appended record (the same as at append time)."""
-    if rec.type == RecordType.MESSAGE:
-        counters.produced(rec.topic, 1)
-    elif rec.type == RecordType.CANCEL:
-        counters.cancelled(rec.topic)
 
 
 def _rebuild_message_state(msgs: MessageTable, counters: Counters, rec: Record) -> None:
@@ -396,17 +463,18 @@ def _rebuild_message_state(msgs: MessageTable, counters: Counters, rec: Record) 
     elif rec.type == RecordType.CANCEL and msgs.get(rec.seq)[0] != MessageState.DELIVERED:
         counters.add(rec.topic, "cancelled_total", 1)
         counters.total("cancelled")
-    _restore_state(msgs, rec)
+    _restore_state(msgs, rec.type, rec.seq, rec.offset, rec.size, rec.roll_count)
 
 
-def _restore_state(msgs: MessageTable, rec: Record) -> None:
-    """Make the message table agree with one record of the log (idempotent)."""
-    st, _off, _s, roll = msgs.get(rec.seq)
-    if rec.type == RecordType.MESSAGE:
+def _restore_state(msgs: MessageTable, rtype: int, seq: int, offset: int, size: int, roll_count: int) -> None:
+    """Make the message table agree with one record of the log (idempotent): its type, seq,
+    offset, size and roll count (a MessageRow's)."""
+    st, _off, _s, roll = msgs.get(seq)
+    if rtype == _MESSAGE:
         if st == MessageState.UNKNOWN:
-            msgs.set(rec.seq, MessageState.SCHEDULED, rec.offset, rec.size, 0)
-    elif rec.type == RecordType.ROLL:
-        if st in (MessageState.UNKNOWN, MessageState.SCHEDULED) and rec.roll_count >= roll:
-            msgs.set(rec.seq, MessageState.SCHEDULED, rec.offset, rec.size, rec.roll_count)
-    elif rec.type == RecordType.CANCEL and st not in (MessageState.DELIVERED, MessageState.CANCELLED):
-        msgs.set_state(rec.seq, MessageState.CANCELLED)
+            msgs.set(seq, MessageState.SCHEDULED, offset, size, 0)
+    elif rtype == _ROLL:
+        if st in (MessageState.UNKNOWN, MessageState.SCHEDULED) and roll_count >= roll:
+            msgs.set(seq, MessageState.SCHEDULED, offset, size, roll_count)
+    elif rtype == _CANCEL and st not in (MessageState.DELIVERED, MessageState.CANCELLED):
+        msgs.set_state(seq, MessageState.CANCELLED)

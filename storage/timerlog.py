@@ -39,8 +39,10 @@ from __future__ import annotations
 
 import enum
 import struct
+from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import repeat
 from pathlib import Path
 
 from delayd.storage.bytetable import ByteTable
@@ -51,6 +53,7 @@ UNIT = ByteTable("<IqIqiqIIQ")
 UNIT_SIZE = UNIT.size  # 52
 assert UNIT_SIZE == 52
 NO_POS = -1
+DAMAGED = -2  # prev_positions: no sound unit at that position
 CHAIN_WINDOW = 64 * UNIT_SIZE * 16  # bytes read at once when walking a chain backwards
 TIMERLOG_VERSION = 2
 _V1_FIRST = struct.pack("<I", UNIT_SIZE)  # a version-1 segment starts with a unit's size field
@@ -87,9 +90,14 @@ def pack_unit(prev_pos: int, magic: int, enqueue_time: int, fire_time: int, comm
                      commit_size, topic_hash, seq)
 
 
+def sound(size: int, prev: int, magic: int, off: int, pos: int) -> bool:
+    """Whether the fields of the unit at `pos` can be right (else it is damage)."""
+    return size == UNIT_SIZE and NO_POS <= prev < pos and 0 < magic < 8 and off >= 0
+
+
 def unpack_unit(buf: bytes | memoryview, at: int, pos: int) -> Unit:
     size, prev, magic, enq, delay, off, csize, th, seq = UNIT.unpack_from(buf, at)
-    if size != UNIT_SIZE or prev >= pos or prev < NO_POS or not 0 < magic < 8 or off < 0:
+    if not sound(size, prev, magic, off, pos):
         raise Insane(f"damaged TimerLog unit at {pos}")
     return Unit(pos, prev, UnitMagic(magic), enq, delay, off, csize, th, seq)
 
@@ -164,6 +172,32 @@ class TimerLog:
     def scan(self, start: int, end: int | None = None, damaged: list[int] | None = None) -> Iterator[Unit]:
         """Units from `start` in log order. A damaged unit raises Insane, or, when a `damaged`
         list is given, is skipped and its position appended to the list."""
+        for pos, buf in self._stretches(start, end):
+            for i in range(0, len(buf) - UNIT_SIZE + 1, UNIT_SIZE):
+                try:
+                    unit = unpack_unit(buf, i, pos + i)
+                except Insane:
+                    if damaged is None:
+                        raise
+                    damaged.append(pos + i)
+                    continue
+                yield unit
+
+    def prev_positions(self, start: int) -> array:
+        """The prev_pos of every unit from `start` (a unit's position) to the end, in log order
+        (an array of i64, entry i for the unit at start + i * UNIT_SIZE); DAMAGED for a unit
+        that is not `sound`, and for any gap. Recovery walks the chains past a checkpoint
+        through it (TimerIndex.strip_after): no Unit a unit."""
+        out = array("q")
+        for pos, buf in self._stretches(start, None):
+            out.extend(repeat(DAMAGED, (pos - start) // UNIT_SIZE - len(out)))
+            out.extend(prev if sound(size, prev, magic, off, pos + i * UNIT_SIZE) else DAMAGED
+                       for i, (size, prev, magic, _e, _d, off, _c, _t, _s) in enumerate(UNIT.iter_unpack(buf)))
+        return out
+
+    def _stretches(self, start: int, end: int | None) -> Iterator[tuple[int, bytes]]:
+        """(position, bytes) of whole units from `start` up to `end` (default: the end), a read
+        of up to 8,192 units at a time, none across a segment's end."""
         stop = self.files.end if end is None else end
         pos = max(start, self.files.start)
         pos -= pos % UNIT_SIZE
@@ -177,16 +211,11 @@ class TimerLog:
                 pos = later[0]
                 continue
             buf = self.files.read(pos, n)
-            for i in range(0, len(buf) - UNIT_SIZE + 1, UNIT_SIZE):
-                try:
-                    unit = unpack_unit(buf, i, pos + i)
-                except Insane:
-                    if damaged is None:
-                        raise
-                    damaged.append(pos + i)
-                    continue
-                yield unit
-            pos += len(buf) - len(buf) % UNIT_SIZE
+            buf = buf[:len(buf) - len(buf) % UNIT_SIZE]
+            if not buf:
+                return
+            yield pos, buf
+            pos += len(buf)
 
     def relink(self, pos: int, prev_pos: int) -> None:
         """Rewrite one unit's prev_pos in place (wheel rebuild, around a damaged unit)."""

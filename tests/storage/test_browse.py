@@ -167,6 +167,37 @@ def test_paging_while_messages_come_and_go(tmp_path: Path, clock: list[int]) -> 
     s.close()
 
 
+def test_far_rows_of_what_recovery_indexes_again_come_from_the_indexing(tmp_path: Path, clock: list[int]) -> None:
+    """Far messages produced after the last checkpoint, the far index as that checkpoint left
+    it (a kill -9): re-indexing them queues their rows, and the far index's replay, which ends
+    where re-indexing starts, replays nothing."""
+    s = open_store(tmp_path, clock)
+    drv = Driver(s, clock)
+    produced = produce(s, drv, [T0 + 3 * WINDOW + 11 * i for i in range(20)])
+    drv.checkpoint()
+    saved = tmp_path.parent / f"{tmp_path.name}-far"
+    saved.mkdir()
+    for f in tmp_path.glob("far.sqlite*"):
+        shutil.copy(f, saved / f.name)
+    produced.update(produce(s, drv, [T0 + 4 * WINDOW + 7 * i for i in range(30)]))
+    drv.enqueue()
+    expected = pending(s, produced)
+    s.close()
+    for f in tmp_path.glob("far.sqlite*"):
+        f.unlink()
+    for f in saved.iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    s, report = open_data_dir(tmp_path, SMALL, lambda: clock[0])
+    assert report.far == "ok" and report.far_replayed == 0 and report.replayed_records >= 30
+    drv = Driver(s, clock)
+    assert listed(drv) == expected
+    drv.checkpoint()
+    s.close()
+    s = open_store(tmp_path, clock)  # and written by the first checkpoint
+    assert listed(Driver(s, clock)) == expected
+    s.close()
+
+
 def test_restart_replays_the_far_index_and_rebuilds_a_lost_one(tmp_path: Path, clock: list[int]) -> None:
     s = open_store(tmp_path, clock)
     drv = Driver(s, clock)

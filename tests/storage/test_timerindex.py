@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import shutil
+import struct
 import tempfile
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import pytest
 from delayd.storage.errors import Insane
 from delayd.storage.segments import SEGMENT_HEADER_SIZE
 from delayd.storage.timerindex import Entry, TimerIndex
-from delayd.storage.timerlog import NO_POS, UNIT_SIZE, UnitMagic
+from delayd.storage.timerlog import DAMAGED, NO_POS, UNIT_SIZE, UnitMagic
 from delayd.storage.timerwheel import Slot
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -112,6 +113,19 @@ def test_strip_after_unlinks_the_tail(tmp_path: Path) -> None:
     assert ix.due(1020) == [] and ix.wheel.raw(1020).num == 0
     ix.add([entry(1004, 6)], 1000)
     assert [u.seq for u in ix.due(1000)] == [1, 6]
+    ix.close()
+
+
+def test_strip_after_walks_the_tail_read_once_and_refuses_a_chain_through_damage(tmp_path: Path) -> None:
+    ix = open_index(tmp_path)
+    ix.add([entry(1001, 1), entry(1011, 2)], 1000)
+    t = ix.log.end
+    ix.add([entry(1002, 3), entry(1021, 4), entry(1003, 5)], 1000)  # across a segment's end (3 units)
+    assert list(ix.log.prev_positions(t)) == [0, NO_POS, t]
+    ix.log.files.write_at(t, struct.pack("<I", 0))  # seq 3's unit, in slot 1000's chain: no size
+    assert list(ix.log.prev_positions(t)) == [DAMAGED, NO_POS, t]
+    with pytest.raises(Insane):
+        ix.strip_after(t)  # (recovery then rebuilds the wheel from the units that check out)
     ix.close()
 
 
