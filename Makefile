@@ -69,6 +69,8 @@ bench: install-dev
 	$(PY) -m bench.consumer_bench
 	$(PY) -m bench.produce_far_bench
 	$(PY) -m bench.roll_bench
+	$(PY) -m bench.crash_bench
+	$(PY) -m bench.crash_bench --keyed
 	$(PY) -m bench.produce_keys_bench --rounds 5
 	$(PY) -m bench.burst_keys_bench --m 1000000 --rounds 1
 	$(PY) -m bench.list_bench -n 10000000

@@ -189,8 +189,11 @@ class Broker:
         assert store is not None and self.groups is not None and self.committer is not None
         follower = self.repl is not None and not self.repl.serving
         self.pipeline = self._new_pipeline(store, follower)
-        # A checkpoint right after recovery makes the next restart start from here.
-        store.checkpoint(self.pipeline.inflight.read_time(), self.groups.snapshot())
+        # A checkpoint right after recovery makes the next restart start from here. The key
+        # index's writes that recovery queued (its replay of the keys past its commit: after a
+        # kill -9 under a keyed load, a second's keys or more) ride the checkpoint loop's first
+        # checkpoint, in its thread, instead of keeping the daemon from being ready.
+        store.checkpoint(self.pipeline.inflight.read_time(), self.groups.snapshot(), keys=False)
         self.pipeline.start()
         self._tasks = [asyncio.create_task(self.committer.run(), name="group_commit"),
                        asyncio.create_task(self._checkpoint_loop(), name="checkpoint")]

@@ -93,7 +93,7 @@ class PendingCheckpoint:
     checkpoint: ckpt.Checkpoint
     fds: list[int]  # duplicated descriptors to fsync (and close)
     paths: list[Path]  # files of closed ready queues to fsync by path
-    key_ops: list[Any] = field(default_factory=list)  # key-index writes riding this checkpoint
+    key_ops: list[Any] | None = field(default_factory=list)  # key-index writes riding this checkpoint (None: left queued)
     key_pos: int = 0  # the commit-log offset those writes cover
     far_ops: list[Any] = field(default_factory=list)  # far-index writes riding this checkpoint
     far_pos: int = 0  # the commit-log offset those cover (the indexed one)
@@ -366,9 +366,10 @@ class Store:
         return self.schedule.buckets(start, end, step, self.dispatch.load_time_ms, self.timers.wheel.span_ms)
 
     # ---------------------------------------------------------------------------------- checkpoint
-    def checkpoint(self, read_time_ms: int, groups: dict[str, Any]) -> None:
-        """Flush every derived structure, then record how far each is complete."""
-        pending = self.prepare_checkpoint(read_time_ms, groups)
+    def checkpoint(self, read_time_ms: int, groups: dict[str, Any], *, keys: bool = True) -> None:
+        """Flush every derived structure, then record how far each is complete (`keys`: the key
+        index's queued writes too; else they wait for the next checkpoint)."""
+        pending = self.prepare_checkpoint(read_time_ms, groups, keys=keys)
         try:
             self.finish_checkpoint(pending)
         except BaseException:
@@ -376,9 +377,10 @@ class Store:
             raise
         self.checkpoint_saved(pending)
 
-    def prepare_checkpoint(self, read_time_ms: int, groups: dict[str, Any]) -> PendingCheckpoint:
+    def prepare_checkpoint(self, read_time_ms: int, groups: dict[str, Any], *, keys: bool = True) -> PendingCheckpoint:
         """Snapshot positions and counters (consistent: nothing runs in between) and collect
-        what must reach the disk before the snapshot may be written."""
+        what must reach the disk before the snapshot may be written (`keys`: the key index's
+        queued writes with it; its own commit position says how far it is complete either way)."""
         fds: list[int] = []
         try:
             fds += self.commit.files.checkpoint_handles()  # leaves the group commit its own
@@ -397,14 +399,15 @@ class Store:
             read_time_ms=read_time_ms, next_seq=self.next_seq, ready_ends=self.ready.ends(),
             counters=self.counters.snapshot(), schedule=slots, far_schedule=far,
             groups=groups, created_ms=self.clock_ms(), indexed_at=dict(self.retention.indexed_at))
-        return PendingCheckpoint(cp, fds, self.ready.take_unsynced(), self.keys.take_ops(), self.commit.end,
-                                 self.far.take_ops(), self.indexer.indexed)
+        return PendingCheckpoint(cp, fds, self.ready.take_unsynced(), self.keys.take_ops() if keys else None,
+                                 self.commit.end, self.far.take_ops(), self.indexer.indexed)
 
     def finish_checkpoint(self, pending: PendingCheckpoint) -> None:
         """Write the queued key-index changes, fsync, then write the checkpoint. Touches no
         state the event loop uses: safe in a worker thread."""
         try:
-            self.keys.apply(pending.key_ops, pending.key_pos)
+            if pending.key_ops is not None:
+                self.keys.apply(pending.key_ops, pending.key_pos)
             self.far.apply(pending.far_ops, pending.far_pos)
             fsync_paths(pending.paths)
         finally:
@@ -416,7 +419,8 @@ class Store:
     def checkpoint_failed(self, pending: PendingCheckpoint) -> None:
         """The checkpoint was not written: what it was to make durable is fsynced next time
         (every file it collected is dirty again) and its key-index changes are requeued."""
-        self.keys.requeue(pending.key_ops)
+        if pending.key_ops is not None:
+            self.keys.requeue(pending.key_ops)
         self.far.requeue(pending.far_ops)
         self.ready.unsynced_again(pending.paths)
         for fd in pending.fds:
@@ -434,7 +438,8 @@ class Store:
         cp = pending.checkpoint
         self.commit.files.unmap_idle()  # a burst's mappings go once the drain is over
         self.msgs.unmap_idle()
-        self.keys.applied()
+        if pending.key_ops is not None:
+            self.keys.applied()
         self.far.applied()
         self.dispatch.read_time_ms = cp.read_time_ms
         self.durable_indexed = cp.commit_indexed

@@ -135,6 +135,8 @@ class TimerIndex:
         they are a second's produce, interleaved across slots, and a read a unit took 3 µs.
         A walk into a unit that is not there or does not check out raises Insane.
         """
+        if pos % UNIT_SIZE:
+            raise Insane(f"TimerLog position {pos} is not a unit's")
         removed = 0
         tail: array | None = None
         # The slots with a unit at or after pos (after a crash: those written since the checkpoint).

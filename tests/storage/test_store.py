@@ -227,6 +227,23 @@ def test_checkpoint_and_recover(tmp_path: Path, clock: list[int]) -> None:
     s.close()
 
 
+def test_a_checkpoint_without_keys_leaves_the_key_index_s_writes_to_the_next(tmp_path: Path, clock: list[int]) -> None:
+    """The broker's checkpoint right after recovery (`keys=False`): everything else is made durable,
+    the key index's queued writes (recovery's replay) wait for the checkpoint loop's first."""
+    s = open_store(tmp_path, clock)
+    drv = Driver(s, clock)
+    seqs = s.append_messages([NewMessage("orders", b"x", T0 + 10_000, key=f"k{i}") for i in range(10)], T0)
+    drv.enqueue()
+    pos = s.keys.commit_pos
+    s.checkpoint(drv.read_time(), {}, keys=False)
+    assert s.keys.unwritten == 10 and s.keys.commit_pos == pos and s.keys.count() == 0
+    assert s.keys.lookup("orders", "k3") == (seqs[3], T0 + 10_000, None)  # answered meanwhile
+    assert s.durable_indexed == s.indexer.indexed  # the rest was made durable
+    s.checkpoint(drv.read_time(), {})
+    assert s.keys.unwritten == 0 and s.keys.commit_pos == s.commit.end and s.keys.count() == 10
+    s.close()
+
+
 def test_a_checkpoint_in_flight_leaves_the_group_commit_its_fsync(tmp_path: Path, clock: list[int]) -> None:
     """The group commit answers a produce once an fsync that started after the append is done.
     A checkpoint collects the commit log's segments for its own fsync (in a worker thread, still
