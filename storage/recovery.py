@@ -43,9 +43,11 @@ from delayd.storage.timerwheel import validate as validate_wheel
 log = logging.getLogger("delayd.storage")
 
 REPLAY_BATCH = 4096  # records a chunk of recovery's passes (MessageRows read and indexed together)
-# Keys the key index's replay leaves queued for the first checkpoint (the broker's default
-# max_unwritten_keys): past it (a rebuild) it writes them as it goes.
-REPLAY_KEYS_HELD = 500_000
+# Keys the key index's replay leaves queued for the first checkpoint (about 74 bytes each, packed):
+# twice the broker's default max_unwritten_keys, about what a kill -9 under a keyed flood leaves
+# (its bound plus the keys of the checkpoint being written). Past it (a rebuild) the replay writes
+# them as it goes.
+REPLAY_KEYS_HELD = 1_000_000
 _LOC = struct.Struct("<qI")  # a record's (offset, size), as record_keys takes them
 _MESSAGE, _ROLL, _CANCEL, _RELEASE, _GROUP = (int(t) for t in (RecordType.MESSAGE, RecordType.ROLL, RecordType.CANCEL,
                                                                 RecordType.RELEASE, RecordType.GROUP))
