@@ -466,12 +466,15 @@ class Dispatch:
             self.keys.delivered([(done_at, topic, r.key, r.seq) for r in again if isinstance(r, Record) and r.key is not None])
 
     def _topic(self, topic_hash: int, units: bytes) -> str:
+        """The name of a topic hash, else read from the first unit's record (`topic_name`)."""
+        return self.topic_name(topic_hash, *struct.unpack_from("<qI", units, 0))
+
+    def topic_name(self, topic_hash: int, offset: int, size: int) -> str:
         """The name of a topic hash (known for every topic counted since the start), else read
-        from the first unit's record."""
+        from the record at `offset` (`size` bytes), one of that topic's."""
         name = self.counters.topic_names.get(topic_hash)
         if name is None:
-            off, size = struct.unpack_from("<qI", units, 0)
-            name = self.commit.read(off, size).topic
+            name = self.commit.read(offset, size).topic
             self.counters.topic_hash(name)
         return name
 

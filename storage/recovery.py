@@ -30,7 +30,7 @@ from delayd.storage.dispatch import Dispatch
 from delayd.storage.errors import CorruptData, GeometryMismatch, Insane, StorageError
 from delayd.storage.indexer import Indexer
 from delayd.storage.keyindex import KeyIndex, open_or_set_aside
-from delayd.storage.msgtable import MessageState, MessageTable
+from delayd.storage.msgtable import BATCH_GAP, MessageState, MessageTable
 from delayd.storage.readyqueues import ReadyQueues
 from delayd.storage.retention import Retention
 from delayd.storage.schedule import Placed, Schedule
@@ -278,9 +278,9 @@ def _repair(store: Store, cp: ckpt.Checkpoint | None, found: _Found, rep: Recove
             elif cp is not None and rtype == _MESSAGE:
                 produced.setdefault(th, [0, offset, size])[0] += 1
             elif cp is not None and rtype == _CANCEL:
-                counters.cancelled(_topic_name(commit, counters, th, offset, size))
+                counters.cancelled(dispatch.topic_name(th, offset, size))
         for th, (n, offset, size) in produced.items():
-            counters.produced(_topic_name(commit, counters, th, offset, size), n)
+            counters.produced(dispatch.topic_name(th, offset, size), n)
     # Deliveries past the checkpoint: the ready queues are their record. Counters change
     # only with appends (produce/cancel to the commit log, release to a ready queue), so
     # replaying exactly the appends after the checkpoint's snapshot makes them exact.
@@ -308,7 +308,7 @@ def _repair(store: Store, cp: ckpt.Checkpoint | None, found: _Found, rep: Recove
     blocked = False
     for rows in _rows(commit, start):
         if not full:  # (the entries _restore_state reads and writes, a read a run of seqs)
-            msgs.begin_batch(r[0] for r in MROW_FMT.iter_unpack(rows))
+            msgs.begin_runs(batch.ops.seq_runs(rows, msgs.segment_entries, BATCH_GAP, MROW, 0))
         try:
             for seq, _due, offset, size, _th, _tag, roll, rtype, _flags in MROW_FMT.iter_unpack(rows):
                 if seq >= store.next_seq:
@@ -340,16 +340,6 @@ def _rows(commit: CommitLog, start: int, end: int | None = None) -> Iterator[byt
         if not rows:
             return  # (the commit log's scan found no record up to the end)
         yield rows
-
-
-def _topic_name(commit: CommitLog, counters: Counters, topic_hash: int, offset: int, size: int) -> str:
-    """The name of a topic hash (known for every topic counted since the start), else read from
-    the record at `offset`, one of that topic's."""
-    name = counters.topic_names.get(topic_hash)
-    if name is None:
-        name = commit.read(offset, size).topic
-        counters.topic_hash(name)
-    return name
 
 
 def _replay(indexer: Indexer, rows: bytes, now: int, rep: RecoveryReport) -> bool:
@@ -422,7 +412,7 @@ def _put_keys(store: Store, run: list[tuple[int, int, int, int, int, int]]) -> N
     commit = store.commit
     locs = b"".join(_LOC.pack(offset, size) for _seq, _due, offset, size, _th, _k in run)
     keys, seqs, problems = batch.ops.record_keys(locs, store.dispatch.read_runs(locs), 12)
-    topic = _topic_name(commit, store.counters, run[0][4], run[0][2], run[0][3])
+    topic = store.dispatch.topic_name(run[0][4], run[0][2], run[0][3])
     first = run[0][0]
     if not problems and seqs == array("Q", range(first, first + len(run))).tobytes():
         store.keys.put_run(topic, keys, first, array("q", [r[1] for r in run]))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import shutil
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -137,6 +138,25 @@ def no_fsync() -> Iterator[None]:
 def open_store(d: Path, clock: list[int], cfg: StoreConfig = SMALL) -> Store:
     s, _report = open_data_dir(d, cfg, lambda: clock[0])
     return s
+
+
+def save_files(d: Path, pattern: str) -> Path:
+    """A copy of the files of data directory `d` matching `pattern` as they are now (beside `d`)."""
+    saved = d.parent / f"{d.name}-saved-{pattern.strip('*')}"
+    shutil.rmtree(saved, ignore_errors=True)
+    saved.mkdir()
+    for f in d.glob(pattern):
+        shutil.copy(f, saved / f.name)
+    return saved
+
+
+def restore_files(d: Path, pattern: str, saved: Path) -> None:
+    """The files matching `pattern` as `save_files` copied them: whatever was written to them since
+    is lost, as a kill -9 loses an index's commits that had not reached the disk."""
+    for f in d.glob(pattern):
+        f.unlink()
+    for f in saved.iterdir():
+        shutil.copy(f, d / f.name)
 
 
 def release_now(store: Store, seqs: list[int], now: int) -> list[ReadyUnit]:

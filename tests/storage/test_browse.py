@@ -22,7 +22,17 @@ from delayd.storage.store import NewMessage, Store, StoreConfig
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.storage.driver import SMALL, TOPICS, Driver, drain, no_fsync, open_store, topic_of
+from tests.storage.driver import (
+    SMALL,
+    TOPICS,
+    Driver,
+    drain,
+    no_fsync,
+    open_store,
+    restore_files,
+    save_files,
+    topic_of,
+)
 from tests.support.daemon import files_open
 
 T0 = 1_000_000
@@ -167,23 +177,6 @@ def test_paging_while_messages_come_and_go(tmp_path: Path, clock: list[int]) -> 
     s.close()
 
 
-def save_far(d: Path) -> Path:
-    """A copy of the far index's files as they are now (beside `d`)."""
-    saved = d.parent / f"{d.name}-far"
-    saved.mkdir()
-    for f in d.glob("far.sqlite*"):
-        shutil.copy(f, saved / f.name)
-    return saved
-
-
-def restore_far(d: Path, saved: Path) -> None:
-    """The far index's files as `save_far` copied them (its later commits lost, as after a kill -9)."""
-    for f in d.glob("far.sqlite*"):
-        f.unlink()
-    for f in saved.iterdir():
-        shutil.copy(f, d / f.name)
-
-
 def test_far_rows_of_what_recovery_indexes_again_come_from_the_indexing(tmp_path: Path, clock: list[int]) -> None:
     """Far messages produced after the last checkpoint, the far index as that checkpoint left
     it (a kill -9): re-indexing them queues their rows, and the far index's replay, which ends
@@ -192,12 +185,12 @@ def test_far_rows_of_what_recovery_indexes_again_come_from_the_indexing(tmp_path
     drv = Driver(s, clock)
     produced = produce(s, drv, [T0 + 3 * WINDOW + 11 * i for i in range(20)])
     drv.checkpoint()
-    saved = save_far(tmp_path)
+    saved = save_files(tmp_path, "far.sqlite*")
     produced.update(produce(s, drv, [T0 + 4 * WINDOW + 7 * i for i in range(30)]))
     drv.enqueue()
     expected = pending(s, produced)
     s.close()
-    restore_far(tmp_path, saved)
+    restore_files(tmp_path, "far.sqlite*", saved)
     s, report = open_data_dir(tmp_path, SMALL, lambda: clock[0])
     assert report.far == "ok" and report.far_replayed == 0 and report.replayed_records >= 30
     drv = Driver(s, clock)
@@ -215,7 +208,7 @@ def test_restart_replays_the_far_index_and_rebuilds_a_lost_one(tmp_path: Path, c
     produced = produce(s, drv, [T0 + 3 * WINDOW + 11 * i for i in range(50)])
     drv.enqueue()
     drv.checkpoint()
-    saved = save_far(tmp_path)
+    saved = save_files(tmp_path, "far.sqlite*")
     produced.update(produce(s, drv, [T0 + 2 * WINDOW + 7 * i for i in range(50)]))
     drv.enqueue()
     s.append_cancel(next(iter(produced)), "orders")
@@ -226,7 +219,7 @@ def test_restart_replays_the_far_index_and_rebuilds_a_lost_one(tmp_path: Path, c
 
     # The far index lost everything after the first checkpoint (as if its commits had not
     # reached the disk): recovery replays it from its own commit position.
-    restore_far(tmp_path, saved)
+    restore_files(tmp_path, "far.sqlite*", saved)
     s = open_store(tmp_path, clock)
     drv = Driver(s, clock)
     assert listed(drv) == expected

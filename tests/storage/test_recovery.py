@@ -21,7 +21,16 @@ from delayd.storage.timerlog import UNIT_SIZE
 from delayd.storage.timerwheel import HEADER as WHEEL_HEADER
 from delayd.storage.timerwheel import SLOT, SLOT_SIZE
 
-from tests.storage.driver import SMALL, Driver, delivered_seqs, drain, no_fsync, topic_of
+from tests.storage.driver import (
+    SMALL,
+    Driver,
+    delivered_seqs,
+    drain,
+    no_fsync,
+    restore_files,
+    save_files,
+    topic_of,
+)
 
 T0 = 1_000_000
 
@@ -312,21 +321,6 @@ def keyed(s: Store, now: int, n: int, first: int, topic: str = "orders", key_eve
     return {m.key: q for m, q in zip(msgs, seqs, strict=True) if m.key is not None}
 
 
-def crash_keeping_the_key_index_of_the_checkpoint(d: Path, s: Store) -> None:
-    """Close `s` as a kill -9 leaves it: the key index as its last checkpoint wrote it (the close
-    writes what is queued; that is put back as it was)."""
-    saved = d.parent / "keys-at-checkpoint"
-    shutil.rmtree(saved, ignore_errors=True)
-    saved.mkdir()
-    for f in d.glob("keys.sqlite*"):
-        shutil.copy(f, saved / f.name)
-    s.close()
-    for f in d.glob("keys.sqlite*"):
-        f.unlink()
-    for f in saved.iterdir():
-        shutil.copy(f, d / f.name)
-
-
 def test_keys_after_the_checkpoint_come_back_from_the_log_and_ride_the_first_checkpoint(
         tmp_path: Path, clock: list[int]) -> None:
     d = tmp_path / "data"
@@ -334,12 +328,14 @@ def test_keys_after_the_checkpoint_come_back_from_the_log_and_ride_the_first_che
     drv = Driver(s, clock)
     before = keyed(s, T0, 30, 0)
     drv.checkpoint()
+    saved = save_files(d, "keys.sqlite*")  # the key index as the checkpoint wrote it
     after = keyed(s, T0, 40, 100, key_every=3)  # keyless ones between: the keys go as runs
     after.update(keyed(s, T0, 5, 200, topic="mail"))
     s.append_cancel(after["k103"], "orders", "k103")
     s.flush_commit()
     drv.enqueue()
-    crash_keeping_the_key_index_of_the_checkpoint(d, s)
+    s.close()  # (its close writes the queued keys: a kill -9 would not)
+    restore_files(d, "keys.sqlite*", saved)
 
     s, rep = open_store(d, SMALL, lambda: clock[0])
     assert rep.keys == "ok" and rep.keys_replayed == len(after) + 1  # (and the cancel's key)
