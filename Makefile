@@ -87,7 +87,7 @@ asan: install-dev
 	DELAYD_CFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g -O1" \
 	    DELAYD_LDFLAGS="-fsanitize=address,undefined" $(PY) -m pip install -q -e .
 	ASAN_OPTIONS=detect_leaks=0 LD_PRELOAD=$(ASAN_LIBS) $(PY) -m pytest -q -p no:cacheprovider \
-	    tests/storage/test_batch_differential.py tests/storage/test_keyfilter.py tests/storage/test_overlay.py tests/storage/test_key_order.py tests/storage/test_keyseq.py \
+	    tests/storage/test_batch_differential.py tests/storage/test_recovery_core.py tests/storage/test_keyfilter.py tests/storage/test_overlay.py tests/storage/test_key_order.py tests/storage/test_keyseq.py \
 	    tests/storage/test_fsyncer.py; status=$$?; \
 	    rm -f storage/_batch*.so; $(PY) -m pip install -q -e .; exit $$status
 

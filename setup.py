@@ -13,7 +13,7 @@ from setuptools import Extension, setup
 FLAGS = ["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field-initializers"]
 SOURCES = ["storage/_batch.c", "storage/batch_util.c", "storage/batch_produce.c", "storage/batch_timer.c",
            "storage/batch_release.c", "storage/batch_pull.c", "storage/batch_keyseq.c", "storage/batch_keys.c",
-           "storage/batch_keyrows.c", "storage/batch_sync.c"]
+           "storage/batch_keyrows.c", "storage/batch_sync.c", "storage/batch_recovery.c"]
 
 setup(ext_modules=[Extension("delayd.storage._batch", SOURCES, depends=["storage/batch_core.h"],
                              extra_compile_args=FLAGS + shlex.split(os.environ.get("DELAYD_CFLAGS", "")),

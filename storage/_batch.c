@@ -17,7 +17,7 @@
  * enqueue-put, dequeue-get, dequeue-get-message), batch_release.c (dequeue-put and the batch
  * counters), batch_pull.c (pull and ack), batch_keyseq.c (a batch's keys, packed), batch_keys.c
  * (the key filter, the key index's overlay), batch_keyrows.c (the key index's write order and
- * rows), batch_sync.c (the group commit's fsync thread)
+ * rows), batch_sync.c (the group commit's fsync thread), batch_recovery.c (recovery's loops)
  * and batch_util.c (CRC, buffers, maps, spans, UTF-8),
  * sharing batch_core.h. This file is the module table and its initialisation, and PyInit__batch
  * is the one symbol the shared object exports.
@@ -45,6 +45,9 @@ static PyMethodDef methods[] = {
     {"release_rows", release_rows, METH_VARARGS, "dequeue-put: ready units per topic"},
     {"set_states", set_states, METH_VARARGS, "set message-table states"},
     {"seq_runs", seq_runs, METH_VARARGS, "runs of seqs for batched message-table reads"},
+    {"restore_states", restore_states, METH_VARARGS, "recovery: message-table entries from MessageRows"},
+    {"unit_prevs", unit_prevs, METH_VARARGS, "recovery: the prev_pos of TimerLog units"},
+    {"strip_slots", strip_slots, METH_VARARGS, "recovery: unlink units past a position from the wheel"},
     {"encode_pull", encode_pull, METH_VARARGS, "the msgpack answer of a pull"},
     {"record_keys", record_keys, METH_VARARGS, "the keys and seqs of records, packed"},
     {"parse_receipts", parse_receipts, METH_VARARGS, "indexes and tokens of receipts"},

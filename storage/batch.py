@@ -97,8 +97,8 @@ SCAN_READ = 1 << 20  # read_rows reads at most this much of the log at once
 KIND_DROP, KIND_DUE, KIND_ROLL = 0, 1, 2
 _FIELDS = frozenset({"body", "body_b64", "delay_ms", "deliver_at", "key", "tag", "headers", "replace"})
 _CONTINUED = int(RecordFlag.CONTINUED)
-_MESSAGE, _ROLL, _GROUP, _LAST = int(RecordType.MESSAGE), int(RecordType.ROLL), int(RecordType.GROUP), \
-    max(map(int, RecordType))
+_MESSAGE, _CANCEL, _ROLL, _GROUP, _LAST = int(RecordType.MESSAGE), int(RecordType.CANCEL), int(RecordType.ROLL), \
+    int(RecordType.GROUP), max(map(int, RecordType))
 _SCHEDULED, _DELIVERED, _CANCELLED = int(MessageState.SCHEDULED), int(MessageState.DELIVERED), \
     int(MessageState.CANCELLED)
 
@@ -728,6 +728,40 @@ def set_states(seqs: bytes, spans: Sequence[SpanLike], state: int) -> int:
         span.buf[at] = state
         _touch(span, at, at + 1)
     return missing
+
+
+def restore_states(rows: bytes, spans: Sequence[SpanLike], restore: bool) -> tuple[int, bytes]:
+    """Recovery's pass over MessageRows (storage/recovery.py `_restore_state`, for the rows whose
+    entries the spans hold): with `restore`, a MESSAGE row makes an UNKNOWN entry SCHEDULED at
+    its record, a ROLL row makes an UNKNOWN or SCHEDULED entry of a roll count not above its own
+    SCHEDULED at the copy, a CANCEL row makes an entry neither DELIVERED nor CANCELLED
+    CANCELLED. (the rows' highest seq + 1, or 0; the u32 indexes of the rows left to the
+    caller, in order: GROUP rows, and with `restore` the MESSAGE, ROLL and CANCEL rows of seqs
+    no span holds.)"""
+    require(len(rows) % MROW == 0, "rows")
+    top = 0
+    left = []
+    for k, (seq, _due, offset, size, _th, _tag, roll, rtype, _flags) in enumerate(MROW_FMT.iter_unpack(rows)):
+        top = max(top, seq + 1)
+        if rtype == _GROUP:
+            left.append(k)
+        if not restore or rtype not in (_MESSAGE, _ROLL, _CANCEL):
+            continue
+        hit = _span_entry(spans, seq)
+        if hit is None:
+            left.append(k)
+            continue
+        span, at, _readable = hit
+        state, _f, held_roll, _s, _o = ENTRY.unpack_from(span.buf, at)
+        if at + ENTRY.size > span.valid or state > _CANCELLED:
+            state, held_roll = 0, 0  # (UNKNOWN, as MessageTable.get reads it)
+        if rtype == _MESSAGE and state == 0 or rtype == _ROLL and state in (0, _SCHEDULED) and roll >= held_roll:
+            ENTRY.pack_into(span.buf, at, _SCHEDULED, 0, roll if rtype == _ROLL else 0, size, offset)
+            _touch(span, at, at + ENTRY.size)
+        elif rtype == _CANCEL and state not in (_DELIVERED, _CANCELLED):
+            span.buf[at] = _CANCELLED
+            _touch(span, at, at + 1)
+    return top, struct.pack(f"<{len(left)}I", *left)
 
 
 def encode_produced(seqs: bytes | int, deliver_at: bytes, duplicate: bytes, prefix: bytes, as_json: bool) -> bytes | None:

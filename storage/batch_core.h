@@ -373,6 +373,11 @@ BATCH_HIDDEN PyObject *bucket_counts(PyObject *self, PyObject *args);
 BATCH_HIDDEN PyObject *unit_bounds(PyObject *self, PyObject *arg);
 BATCH_HIDDEN PyObject *tally(PyObject *self, PyObject *args);
 
+/* batch_recovery.c: recovery after a crash */
+BATCH_HIDDEN PyObject *restore_states(PyObject *self, PyObject *args);
+BATCH_HIDDEN PyObject *unit_prevs(PyObject *self, PyObject *args);
+BATCH_HIDDEN PyObject *strip_slots(PyObject *self, PyObject *args);
+
 /* batch_pull.c: pull and ack */
 BATCH_HIDDEN PyObject *read_plan(PyObject *self, PyObject *args);
 BATCH_HIDDEN PyObject *encode_pull(PyObject *self, PyObject *args);

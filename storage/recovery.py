@@ -49,6 +49,7 @@ REPLAY_BATCH = 4096  # records a chunk of recovery's passes (MessageRows read an
 # them as it goes.
 REPLAY_KEYS_HELD = 1_000_000
 _LOC = struct.Struct("<qI")  # a record's (offset, size), as record_keys takes them
+_U32 = struct.Struct("<I")
 _MESSAGE, _ROLL, _CANCEL, _RELEASE, _GROUP = (int(t) for t in (RecordType.MESSAGE, RecordType.ROLL, RecordType.CANCEL,
                                                                 RecordType.RELEASE, RecordType.GROUP))
 
@@ -310,14 +311,16 @@ def _repair(store: Store, cp: ckpt.Checkpoint | None, found: _Found, rep: Recove
         if not full:  # (the entries _restore_state reads and writes, a read a run of seqs)
             msgs.begin_runs(batch.ops.seq_runs(rows, msgs.segment_entries, BATCH_GAP, MROW, 0))
         try:
-            for seq, _due, offset, size, _th, _tag, roll, rtype, _flags in MROW_FMT.iter_unpack(rows):
-                if seq >= store.next_seq:
-                    store.next_seq = seq + 1
+            # Message-table writes after the checkpoint were never fsynced: after a power cut
+            # they may be gone. The log says what they were (the batch core restores the
+            # entries the batch holds; the rows it leaves are done here, in order).
+            top, left = batch.ops.restore_states(rows, msgs.spans, not full)
+            store.next_seq = max(store.next_seq, top)
+            for (k,) in _U32.iter_unpack(left):
+                seq, _due, offset, size, _th, _tag, roll, rtype, _flags = MROW_FMT.unpack_from(rows, k * MROW)
                 if rtype == _GROUP:
                     rep.group_events.append(commit.read(offset, size))
-                elif not full:
-                    # Message-table writes after the checkpoint were never fsynced: after a power
-                    # cut they may be gone. The log says what they were.
+                else:
                     _restore_state(msgs, rtype, seq, offset, size, roll)
         finally:
             msgs.end_batch()
@@ -372,6 +375,8 @@ def _recover_keys(store: Store, cp: ckpt.Checkpoint | None, rep: RecoveryReport,
         pos = commit.start
         rep.keys = "rebuilt"
     for chunk in _rows(commit, pos):
+        if not chunk[MROW - 1::MROW].strip(b"\0"):  # (no row's ROW_KEYED bit: no key to replay)
+            continue
         run: list[tuple[int, int, int, int, int, int]] = []  # consecutive messages of one topic
         for seq, deliver_at, offset, size, th, _tag, _roll, rtype, flags in MROW_FMT.iter_unpack(chunk):
             keyed = flags & ROW_KEYED

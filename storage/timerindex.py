@@ -10,17 +10,20 @@ from __future__ import annotations
 
 import itertools
 import logging
+import sys
 from array import array
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
+from delayd.storage import native
 from delayd.storage.errors import Insane
 from delayd.storage.timerlog import DAMAGED, NO_POS, UNIT, UNIT_SIZE, TimerLog, Unit, UnitMagic
+from delayd.storage.timerwheel import COLUMN_SLOTS, SLOT, SLOT_SIZE, TimerWheel
 from delayd.storage.timerwheel import HEADER as WHEEL_HEADER
-from delayd.storage.timerwheel import SLOT, SLOT_SIZE, TimerWheel
 
 WHEEL_HEADER_SIZE = WHEEL_HEADER.size
+COLUMN_BYTES = COLUMN_SLOTS * SLOT_SIZE
 log = logging.getLogger("delayd.storage")
 
 
@@ -33,6 +36,42 @@ class Entry(NamedTuple):
     commit_size: int
     topic_hash: int
     seq: int
+
+
+def strip_slots(wheel: Any, header_size: int, pos: int, tail: Any) -> tuple[int, tuple[int, int] | None]:
+    """TimerIndex.strip_after's walk (compiled: storage/batch_recovery.c; this is its reference),
+    on the wheel's bytes (`wheel`, its header `header_size` bytes). Every slot whose num is not 0
+    and whose last_pos is at least `pos`, in file order, is walked back through `tail` (i64s, the
+    prev_pos of the unit at pos + i * UNIT_SIZE; DAMAGED: none there) while the walk is at or
+    after `pos`, and rewritten in place with what is left: cleared when nothing is (or num says
+    so), else its last_pos and num cut. (units unlinked, None), or, for the first slot whose walk
+    lands on no sound unit (or does not go back), (the units unlinked before it, (its slot_time,
+    that position)): the slots before it are rewritten, it and those after it are not."""
+    raw = bytes(tail)
+    if not 0 <= header_size <= len(wheel) or (len(wheel) - header_size) % SLOT_SIZE or pos < 0 or pos % UNIT_SIZE or len(raw) % 8:
+        raise ValueError("strip_slots: wheel, header_size, pos or tail")
+    prevs = array("q", raw)
+    removed = 0
+    # (each chunk's num column: no object a slot that is empty)
+    nonzero = (at + k for at in range(header_size, len(wheel), COLUMN_BYTES)
+               for k in itertools.compress(range(0, COLUMN_BYTES, SLOT_SIZE), array("i", bytes(wheel[at:at + COLUMN_BYTES]))[6::8]))
+    for at in nonzero:
+        t, first, last, num, magic = SLOT.unpack_from(wheel, at)
+        if last < pos:
+            continue
+        n = 0
+        while last != NO_POS and last >= pos:
+            i, off = divmod(last - pos, UNIT_SIZE)
+            if off or i >= len(prevs) or prevs[i] == DAMAGED or prevs[i] >= last:
+                return removed, (t, last)
+            last = prevs[i]
+            n += 1
+        removed += n
+        if last == NO_POS or num - n <= 0:
+            SLOT.pack_into(wheel, at, 0, NO_POS, NO_POS, 0, 0)
+        else:
+            SLOT.pack_into(wheel, at, t, first, last, num - n, magic)
+    return removed, None
 
 
 class TimerIndex:
@@ -131,30 +170,15 @@ class TimerIndex:
 
         Used before truncating the TimerLog to the checkpoint: those units are redone from
         the commit log, so the wheel must not keep pointing at them. The units from `pos` on are
-        read once, in log order (`TimerLog.prev_positions`), and the chains walked through them:
-        they are a second's produce, interleaved across slots, and a read a unit took 3 µs.
-        A walk into a unit that is not there or does not check out raises Insane.
+        read once, in log order (`TimerLog.prev_positions`), and the chains walked through them
+        (`strip_slots`): they are a second's produce, interleaved across slots, and a read a
+        unit took 3 µs. A walk into a unit that is not there or does not check out raises Insane.
         """
         if pos % UNIT_SIZE:
             raise Insane(f"TimerLog position {pos} is not a unit's")
-        removed = 0
-        tail: array | None = None
-        # The slots with a unit at or after pos (after a crash: those written since the checkpoint).
-        for s in list(self.wheel.slots(last_from=pos)):
-            if tail is None:
-                tail = self.log.prev_positions(pos)
-            last, num, n = s.last_pos, s.num, 0
-            while last != NO_POS and last >= pos:
-                i, off = divmod(last - pos, UNIT_SIZE)
-                if off or i >= len(tail) or tail[i] == DAMAGED:
-                    raise Insane(f"slot {s.time} walks to TimerLog position {last}, not a sound unit after {pos}")
-                last = tail[i]
-                n += 1
-            removed += n
-            if last == NO_POS or num - n <= 0:
-                self.wheel.clear(s.time)
-            else:
-                self.wheel.put(s.time, s.first_pos, last, num - n, s.magic)
+        removed, bad = ops.strip_slots(self.wheel.buffer, WHEEL_HEADER_SIZE, pos, self.log.prev_positions(pos))
+        if bad is not None:
+            raise Insane(f"slot {bad[0]} walks to TimerLog position {bad[1]}, not a sound unit after {pos}")
         return removed
 
     def rebuild(self, units: Iterable[Unit], read_time_ms: int) -> int:
@@ -206,3 +230,7 @@ class TimerIndex:
     def close(self) -> None:
         self.log.close()
         self.wheel.close()
+
+
+_compiled = native.compiled()
+ops: Any = _compiled if _compiled is not None else sys.modules[__name__]

@@ -39,12 +39,15 @@ from __future__ import annotations
 
 import enum
 import struct
+import sys
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import repeat
 from pathlib import Path
+from typing import Any
 
+from delayd.storage import native
 from delayd.storage.bytetable import ByteTable
 from delayd.storage.errors import Insane
 from delayd.storage.segments import SegmentedFile, SegmentFormat
@@ -93,6 +96,16 @@ def pack_unit(prev_pos: int, magic: int, enqueue_time: int, fire_time: int, comm
 def sound(size: int, prev: int, magic: int, off: int, pos: int) -> bool:
     """Whether the fields of the unit at `pos` can be right (else it is damage)."""
     return size == UNIT_SIZE and NO_POS <= prev < pos and 0 < magic < 8 and off >= 0
+
+
+def unit_prevs(buf: bytes | memoryview, pos: int) -> bytes:
+    """The prev_pos of each unit in `buf` (whole units, the first at position `pos`) as i64s,
+    DAMAGED for a unit that is not `sound`: TimerLog.prev_positions's per-unit step (compiled:
+    storage/batch_recovery.c; this is its reference)."""
+    if len(buf) % UNIT_SIZE or pos < 0:
+        raise ValueError(f"unit_prevs: {len(buf)} bytes at {pos} are not whole units")
+    return array("q", [prev if sound(size, prev, magic, off, pos + i * UNIT_SIZE) else DAMAGED
+                       for i, (size, prev, magic, _e, _d, off, _c, _t, _s) in enumerate(UNIT.iter_unpack(buf))]).tobytes()
 
 
 def unpack_unit(buf: bytes | memoryview, at: int, pos: int) -> Unit:
@@ -191,8 +204,7 @@ class TimerLog:
         out = array("q")
         for pos, buf in self._stretches(start, None):
             out.extend(repeat(DAMAGED, (pos - start) // UNIT_SIZE - len(out)))
-            out.extend(prev if sound(size, prev, magic, off, pos + i * UNIT_SIZE) else DAMAGED
-                       for i, (size, prev, magic, _e, _d, off, _c, _t, _s) in enumerate(UNIT.iter_unpack(buf)))
+            out.frombytes(ops.unit_prevs(buf, pos))
         return out
 
     def _stretches(self, start: int, end: int | None) -> Iterator[tuple[int, bytes]]:
@@ -232,3 +244,7 @@ class TimerLog:
 
     def close(self) -> None:
         self.files.close()
+
+
+_compiled = native.compiled()
+ops: Any = _compiled if _compiled is not None else sys.modules[__name__]
