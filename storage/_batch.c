@@ -48,6 +48,8 @@ static PyMethodDef methods[] = {
     {"restore_states", restore_states, METH_VARARGS, "recovery: message-table entries from MessageRows"},
     {"unit_prevs", unit_prevs, METH_VARARGS, "recovery: the prev_pos of TimerLog units"},
     {"strip_slots", strip_slots, METH_VARARGS, "recovery: unlink units past a position from the wheel"},
+    {"message_runs", message_runs, METH_O, "recovery: the runs of MESSAGE rows a produce appended"},
+    {"census", census, METH_O, "recovery: MessageRows counted by type and topic hash"},
     {"encode_pull", encode_pull, METH_VARARGS, "the msgpack answer of a pull"},
     {"record_keys", record_keys, METH_VARARGS, "the keys and seqs of records, packed"},
     {"parse_receipts", parse_receipts, METH_VARARGS, "indexes and tokens of receipts"},

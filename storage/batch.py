@@ -61,11 +61,21 @@ import sys
 import zlib
 from collections.abc import Iterator, Sequence
 from types import ModuleType
-from typing import Any, Protocol
+from typing import Any
 
 import msgpack
 from delayd.storage import native
-from delayd.storage.batch_common import SCAN_OK, check_record, read_record, require, utf8_or_none
+from delayd.storage.batch_common import (
+    MROW_FMT,
+    SCAN_OK,
+    SpanLike,
+    check_record,
+    read_record,
+    require,
+    span_entry,
+    touch,
+    utf8_or_none,
+)
 
 # The pull stage's references, here too so that `ops` has every batch function without the core:
 from delayd.storage.batch_pull import PROW
@@ -75,6 +85,9 @@ from delayd.storage.batch_pull import parse_receipts_raw as parse_receipts_raw
 from delayd.storage.batch_pull import read_plan as read_plan
 from delayd.storage.batch_pull import record_keys as record_keys
 from delayd.storage.batch_pull import take_rows as take_rows
+from delayd.storage.batch_recovery import census as census
+from delayd.storage.batch_recovery import message_runs as message_runs
+from delayd.storage.batch_recovery import restore_states as restore_states
 from delayd.storage.commitlog import HEADER as RECORD
 from delayd.storage.commitlog import MAX_RECORD, RECORD_VERSION, RecordFlag, RecordType
 from delayd.storage.msgtable import ENTRY, MessageState
@@ -83,7 +96,6 @@ from delayd.storage.readyqueue import bounds_py
 from delayd.storage.timerlog import NO_POS, UNIT, UNIT_SIZE, UnitMagic
 from delayd.storage.timerwheel import SLOT
 
-MROW_FMT = struct.Struct("<QqqIIIHBB")
 DUE = struct.Struct("<qQqIIIIq")
 FAR = struct.Struct("<qQI")
 UROW_POS = struct.Struct("<q")
@@ -97,45 +109,10 @@ SCAN_READ = 1 << 20  # read_rows reads at most this much of the log at once
 KIND_DROP, KIND_DUE, KIND_ROLL = 0, 1, 2
 _FIELDS = frozenset({"body", "body_b64", "delay_ms", "deliver_at", "key", "tag", "headers", "replace"})
 _CONTINUED = int(RecordFlag.CONTINUED)
-_MESSAGE, _CANCEL, _ROLL, _GROUP, _LAST = int(RecordType.MESSAGE), int(RecordType.CANCEL), int(RecordType.ROLL), \
-    int(RecordType.GROUP), max(map(int, RecordType))
+_MESSAGE, _ROLL, _GROUP, _LAST = int(RecordType.MESSAGE), int(RecordType.ROLL), int(RecordType.GROUP), \
+    max(map(int, RecordType))
 _SCHEDULED, _DELIVERED, _CANCELLED = int(MessageState.SCHEDULED), int(MessageState.DELIVERED), \
     int(MessageState.CANCELLED)
-
-
-class SpanLike(Protocol):
-    """A message-table batch span (storage.msgtable._Span): entries of seqs base.. in `buf`."""
-    base: int
-    buf: bytearray
-    valid: int
-    lo: int
-    hi: int
-
-
-# ------------------------------------------------------------------------------------ helpers
-def _span_entry(spans: Sequence[SpanLike], seq: int) -> tuple[SpanLike, int, bool] | None:
-    lo, hi = 0, len(spans)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if spans[mid].base <= seq:
-            lo = mid + 1
-        else:
-            hi = mid
-    if lo == 0:
-        return None
-    s = spans[lo - 1]
-    k = seq - s.base
-    if k >= len(s.buf) // ENTRY.size:
-        return None
-    at = k * ENTRY.size
-    return s, at, at + ENTRY.size <= s.valid
-
-
-def _touch(s: SpanLike, lo: int, hi: int) -> None:
-    s.lo = min(s.lo, lo)
-    s.hi = max(s.hi, hi)
-    if s.hi > s.valid:
-        s.valid = s.hi
 
 
 def _i32(buf: Any) -> memoryview:
@@ -448,7 +425,7 @@ def index_rows(rows: bytes, start: int, spans: Sequence[SpanLike], wheel: Any, h
             continue
         if rtype != _MESSAGE and rtype != _ROLL:
             break
-        hit = _span_entry(spans, seq)
+        hit = span_entry(spans, seq)
         if hit is None:
             break
         span, at, readable = hit
@@ -463,7 +440,7 @@ def index_rows(rows: bytes, start: int, spans: Sequence[SpanLike], wheel: Any, h
             moved = eoff != offset
         elif state == _CANCELLED:
             span.buf[at + 1] = 0
-            _touch(span, at + 1, at + 2)
+            touch(span, at + 1, at + 2)
             i += 1
             continue
         elif state != _SCHEDULED or eoff != offset:
@@ -486,7 +463,7 @@ def index_rows(rows: bytes, start: int, spans: Sequence[SpanLike], wheel: Any, h
         st = fire - fire % precision
         if moved:
             ENTRY.pack_into(span.buf, at, _SCHEDULED, 0, roll, size, offset)
-            _touch(span, at, at + ENTRY.size)
+            touch(span, at, at + ENTRY.size)
         s = slots.get(st)
         if s is None:
             t, first, last, num, magic = SLOT.unpack_from(wheel, header_size + st // precision % nslots * SLOT.size)
@@ -512,7 +489,7 @@ def index_rows(rows: bytes, start: int, spans: Sequence[SpanLike], wheel: Any, h
             else:
                 span.buf[at + 1] = 0
                 late.append(DUE.pack(deliver_at, seq, offset, size, th, tgh, bits, st))
-        _touch(span, at + 1, at + 2)
+        touch(span, at + 1, at + 2)
         i += 1
     slot_bytes = b"".join(SLOT.pack(st, *s) for st, s in slots.items())
     return (i - start, b"".join(units), slot_bytes, b"".join(late), struct.pack(f"<{len(incs)}I", *incs),
@@ -589,7 +566,7 @@ def classify(units: bytes, spans: Sequence[SpanLike]) -> tuple[bytes, bytes]:
     locs = []
     for i in range(len(kinds)):
         _size, _prev, magic, _e, _d, off, _cs, _th, seq = UNIT.unpack_from(units, i * UROW + 8)
-        hit = _span_entry(spans, seq)
+        hit = span_entry(spans, seq)
         if hit is None or not hit[2]:
             continue
         state, _f, _r, esize, eoff = ENTRY.unpack_from(hit[0].buf, hit[1])
@@ -698,7 +675,7 @@ def release_rows(rows: bytes, spans: Sequence[SpanLike], now_ms: int) -> dict[in
         deliver_at, seq, off, size, th, tgh, bits, _st = DUE.unpack_from(rows, k * DROW)
         if seq in seen:
             continue
-        hit = _span_entry(spans, seq)
+        hit = span_entry(spans, seq)
         if hit is None or not hit[2]:
             continue
         state, _f, _r, _s, eoff = ENTRY.unpack_from(hit[0].buf, hit[1])
@@ -720,48 +697,14 @@ def set_states(seqs: bytes, spans: Sequence[SpanLike], state: int) -> int:
     require(len(seqs) % 8 == 0, "seqs")
     missing = 0
     for (seq,) in struct.iter_unpack("<Q", seqs):
-        hit = _span_entry(spans, seq)
+        hit = span_entry(spans, seq)
         if hit is None:
             missing += 1
             continue
         span, at, _readable = hit
         span.buf[at] = state
-        _touch(span, at, at + 1)
+        touch(span, at, at + 1)
     return missing
-
-
-def restore_states(rows: bytes, spans: Sequence[SpanLike], restore: bool) -> tuple[int, bytes]:
-    """Recovery's pass over MessageRows (storage/recovery.py `_restore_state`, for the rows whose
-    entries the spans hold): with `restore`, a MESSAGE row makes an UNKNOWN entry SCHEDULED at
-    its record, a ROLL row makes an UNKNOWN or SCHEDULED entry of a roll count not above its own
-    SCHEDULED at the copy, a CANCEL row makes an entry neither DELIVERED nor CANCELLED
-    CANCELLED. (the rows' highest seq + 1, or 0; the u32 indexes of the rows left to the
-    caller, in order: GROUP rows, and with `restore` the MESSAGE, ROLL and CANCEL rows of seqs
-    no span holds.)"""
-    require(len(rows) % MROW == 0, "rows")
-    top = 0
-    left = []
-    for k, (seq, _due, offset, size, _th, _tag, roll, rtype, _flags) in enumerate(MROW_FMT.iter_unpack(rows)):
-        top = max(top, seq + 1)
-        if rtype == _GROUP:
-            left.append(k)
-        if not restore or rtype not in (_MESSAGE, _ROLL, _CANCEL):
-            continue
-        hit = _span_entry(spans, seq)
-        if hit is None:
-            left.append(k)
-            continue
-        span, at, _readable = hit
-        state, _f, held_roll, _s, _o = ENTRY.unpack_from(span.buf, at)
-        if at + ENTRY.size > span.valid or state > _CANCELLED:
-            state, held_roll = 0, 0  # (UNKNOWN, as MessageTable.get reads it)
-        if rtype == _MESSAGE and state == 0 or rtype == _ROLL and state in (0, _SCHEDULED) and roll >= held_roll:
-            ENTRY.pack_into(span.buf, at, _SCHEDULED, 0, roll if rtype == _ROLL else 0, size, offset)
-            _touch(span, at, at + ENTRY.size)
-        elif rtype == _CANCEL and state not in (_DELIVERED, _CANCELLED):
-            span.buf[at] = _CANCELLED
-            _touch(span, at, at + 1)
-    return top, struct.pack(f"<{len(left)}I", *left)
 
 
 def encode_produced(seqs: bytes | int, deliver_at: bytes, duplicate: bytes, prefix: bytes, as_json: bool) -> bytes | None:

@@ -1,8 +1,9 @@
 /*
  * batch_recovery.c — recovery's per-record and per-unit loops (storage/recovery.py after a crash):
- * the message table's entries restored from a chunk of MessageRows (`restore_states`, reference
- * in storage/batch.py), the prev_pos of the TimerLog units past the checkpoint (`unit_prevs`,
- * reference in storage/timerlog.py) and the wheel's slots walked back through them
+ * the message table's entries restored from a chunk of MessageRows (`restore_states`), the runs of
+ * messages whose keys are replayed (`message_runs`) and the rows counted by type and topic
+ * (`census`), references in storage/batch_recovery.py; the prev_pos of the TimerLog units past
+ * the checkpoint (`unit_prevs`, reference in storage/timerlog.py) and the wheel's slots walked back through them
  * (`strip_slots`, reference in storage/timerindex.py). A kill -9 under load leaves about a
  * second's produce to redo; in Python these loops took most of the restart (BENCHMARKS.md).
  */
@@ -164,4 +165,75 @@ done:
     buf_release(&tb);
     buf_release(&wb);
     return res;
+}
+
+/* message_runs(rows) -> bytes: (first row, row after the last) u32 pairs of the runs of MESSAGE
+ * rows of one topic hash whose seqs follow one another */
+PyObject *message_runs(PyObject *self, PyObject *arg) {
+    Buf rb;
+    Out out = {0};
+    if (buf_get(arg, &rb, 0, "rows") < 0) return NULL;
+    PyObject *res = NULL;
+    if (rb.view.len % MROW) { PyErr_SetString(PyExc_ValueError, "rows"); goto done; }
+    Py_ssize_t n = rb.view.len / MROW;
+    const uint8_t *rows = rb.view.buf;
+    int open = 0;  /* the row before was a MESSAGE row: its run may go on */
+    uint64_t prev_seq = 0;
+    uint32_t prev_th = 0;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        const uint8_t *r = rows + k * MROW;
+        if (r[38] != REC_MESSAGE) { open = 0; continue; }
+        uint64_t seq = rd64(r);
+        uint32_t th = rd32(r + 28);
+        if (open && prev_seq != UINT64_MAX && seq == prev_seq + 1 && th == prev_th) {
+            wr32(out.p + out.n - 4, (uint32_t)(k + 1));
+        } else {
+            if (out_reserve(&out, 8) < 0) goto done;
+            wr32(out.p + out.n, (uint32_t)k);
+            wr32(out.p + out.n + 4, (uint32_t)(k + 1));
+            out.n += 8;
+        }
+        open = 1;
+        prev_seq = seq;
+        prev_th = th;
+    }
+    res = PyBytes_FromStringAndSize((const char *)(out.p ? out.p : (uint8_t *)""), (Py_ssize_t)out.n);
+done:
+    PyMem_Free(out.p);
+    buf_release(&rb);
+    return res;
+}
+
+/* census(rows) -> {(record type, topic hash): (rows, the first one's index)} */
+PyObject *census(PyObject *self, PyObject *arg) {
+    Buf rb;
+    if (buf_get(arg, &rb, 0, "rows") < 0) return NULL;
+    PyObject *out = NULL;
+    if (rb.view.len % MROW) { PyErr_SetString(PyExc_ValueError, "rows"); goto done; }
+    out = PyDict_New();
+    if (!out) goto done;
+    Py_ssize_t n = rb.view.len / MROW;
+    const uint8_t *rows = rb.view.buf;
+    for (Py_ssize_t k = 0; k < n;) {  /* runs of one (type, topic hash): a dict update per run, not per row */
+        uint8_t rtype = rows[k * MROW + 38];
+        uint32_t th = rd32(rows + k * MROW + 28);
+        Py_ssize_t j = k + 1;
+        while (j < n && rows[j * MROW + 38] == rtype && rd32(rows + j * MROW + 28) == th) j++;
+        PyObject *key = Py_BuildValue("(iI)", (int)rtype, (unsigned int)th);
+        PyObject *old = key ? PyDict_GetItemWithError(out, key) : NULL;
+        long long count = j - k, first = k;
+        if (old) {
+            count += PyLong_AsLongLong(PyTuple_GET_ITEM(old, 0));
+            first = PyLong_AsLongLong(PyTuple_GET_ITEM(old, 1));
+        }
+        PyObject *val = (key && !PyErr_Occurred()) ? Py_BuildValue("(LL)", count, first) : NULL;
+        int bad = !val || PyDict_SetItem(out, key, val) < 0;
+        Py_XDECREF(key);
+        Py_XDECREF(val);
+        if (bad) { Py_CLEAR(out); goto done; }
+        k = j;
+    }
+done:
+    buf_release(&rb);
+    return out;
 }

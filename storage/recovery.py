@@ -50,6 +50,9 @@ REPLAY_BATCH = 4096  # records a chunk of recovery's passes (MessageRows read an
 REPLAY_KEYS_HELD = 1_000_000
 _LOC = struct.Struct("<qI")  # a record's (offset, size), as record_keys takes them
 _U32 = struct.Struct("<I")
+_AT, _TYPE = 16, 38  # where a MessageRow holds its record's (offset, size), its record type
+_RELEASE_B, _CANCEL_B = bytes([int(RecordType.RELEASE)]), bytes([int(RecordType.CANCEL)])
+_KEYED = bytes(b & ROW_KEYED for b in range(256))  # bytes.translate: a row's bits -> its ROW_KEYED bit
 _MESSAGE, _ROLL, _CANCEL, _RELEASE, _GROUP = (int(t) for t in (RecordType.MESSAGE, RecordType.ROLL, RecordType.CANCEL,
                                                                 RecordType.RELEASE, RecordType.GROUP))
 
@@ -272,16 +275,17 @@ def _repair(store: Store, cp: ckpt.Checkpoint | None, found: _Found, rep: Recove
     # checkpoint says and a queue lacks (a crash between the record and the units, or a
     # replica's queue). Counted below, with the rest of the queue past the checkpoint.
     for rows in _rows(commit, cp.commit_end if cp is not None else commit.start):
-        produced: dict[int, list[int]] = {}  # topic hash -> [messages, offset and size of the first]
-        for _seq, _due, offset, size, th, _tag, _roll, rtype, _flags in MROW_FMT.iter_unpack(rows):
-            if rtype == _RELEASE:
-                dispatch.apply_release(commit.read(offset, size), count=False)
-            elif cp is not None and rtype == _MESSAGE:
-                produced.setdefault(th, [0, offset, size])[0] += 1
-            elif cp is not None and rtype == _CANCEL:
-                counters.cancelled(dispatch.topic_name(th, offset, size))
-        for th, (n, offset, size) in produced.items():
-            counters.produced(dispatch.topic_name(th, offset, size), n)
+        types = rows[_TYPE::MROW]
+        k = types.find(_RELEASE_B)
+        while k >= 0:
+            dispatch.apply_release(commit.read(*_LOC.unpack_from(rows, k * MROW + _AT)), count=False)
+            k = types.find(_RELEASE_B, k + 1)
+        for (rtype, th), (n, k) in batch.ops.census(rows).items() if cp is not None else ():
+            if rtype == _MESSAGE:
+                counters.produced(dispatch.topic_name(th, *_LOC.unpack_from(rows, k * MROW + _AT)), n)
+            elif rtype == _CANCEL:
+                for _ in range(n):
+                    counters.cancelled(dispatch.topic_name(th, *_LOC.unpack_from(rows, k * MROW + _AT)))
     # Deliveries past the checkpoint: the ready queues are their record. Counters change
     # only with appends (produce/cancel to the commit log, release to a ready queue), so
     # replaying exactly the appends after the checkpoint's snapshot makes them exact.
@@ -375,22 +379,22 @@ def _recover_keys(store: Store, cp: ckpt.Checkpoint | None, rep: RecoveryReport,
         pos = commit.start
         rep.keys = "rebuilt"
     for chunk in _rows(commit, pos):
-        if not chunk[MROW - 1::MROW].strip(b"\0"):  # (no row's ROW_KEYED bit: no key to replay)
-            continue
-        run: list[tuple[int, int, int, int, int, int]] = []  # consecutive messages of one topic
-        for seq, deliver_at, offset, size, th, _tag, _roll, rtype, flags in MROW_FMT.iter_unpack(chunk):
-            keyed = flags & ROW_KEYED
-            rep.keys_replayed += keyed
-            if rtype == _MESSAGE and (not run or (seq == run[-1][0] + 1 and th == run[-1][4])):
-                run.append((seq, deliver_at, offset, size, th, keyed))
-                continue
-            _put_keys(store, run)
-            run = [(seq, deliver_at, offset, size, th, keyed)] if rtype == _MESSAGE else []
-            if rtype == _CANCEL and keyed:
-                rec = commit.read(offset, size)
+        keyed = chunk[MROW - 1::MROW].translate(_KEYED)  # (a MessageRow's last byte: its bits)
+        if not keyed.strip(b"\0"):
+            continue  # no key to replay
+        rep.keys_replayed += keyed.count(ROW_KEYED)
+        # Each produce's run of messages queued as that produce did (KeyIndex.put_run), and the
+        # keys of the cancels between them released, in the log's order.
+        cancels, done_to = _keyed_cancels(chunk[_TYPE::MROW], keyed), 0
+        bounds = array("I", batch.ops.message_runs(chunk))
+        for first, end in [*zip(bounds[0::2], bounds[1::2], strict=True), (len(keyed), len(keyed))]:
+            while done_to < len(cancels) and cancels[done_to] < first:
+                rec = commit.read(*_LOC.unpack_from(chunk, cancels[done_to] * MROW + _AT))
                 if rec.key is not None:
                     keys.release(rec.topic, rec.key, rec.seq)
-        _put_keys(store, run)
+                done_to += 1
+            if keyed.find(ROW_KEYED, first, end) >= 0:
+                _put_keys(store, chunk[first * MROW:end * MROW])
         if keys.unwritten >= REPLAY_KEYS_HELD:  # (a rebuild: written as it goes, not all held)
             _seq, _due, offset, size, *_rest = MROW_FMT.unpack_from(chunk, len(chunk) - MROW)
             keys.commit(offset + size)
@@ -407,23 +411,32 @@ def _recover_keys(store: Store, cp: ckpt.Checkpoint | None, rep: RecoveryReport,
     keys.delivered(done)
 
 
-def _put_keys(store: Store, run: list[tuple[int, int, int, int, int, int]]) -> None:
-    """Queue the keys of `run`, MessageRows' (seq, deliver_at, offset, size, topic hash, keyed) of
-    consecutive messages of one topic, as the produce that appended them did (`put_run`): their
-    keys taken by the batch core from one read per stretch of the log (`record_keys`, no Record
-    a message). A run with a record the core could not take is read record by record."""
-    if not any(r[5] for r in run):
-        return
+def _keyed_cancels(types: bytes, keyed: bytes) -> list[int]:
+    """The rows that are keyed CANCEL records, from a chunk's type and ROW_KEYED columns."""
+    out, k = [], types.find(_CANCEL_B)
+    while k >= 0:
+        if keyed[k]:
+            out.append(k)
+        k = types.find(_CANCEL_B, k + 1)
+    return out
+
+
+def _put_keys(store: Store, run: bytes) -> None:
+    """Queue the keys of `run`, the MessageRows of consecutive messages of one topic (a produce's,
+    `message_runs`), as that produce did (`put_run`): their keys taken by the batch core from one
+    read per stretch of the log (`record_keys`, no Record a message). A run with a record the
+    core could not take is read record by record."""
     commit = store.commit
-    locs = b"".join(_LOC.pack(offset, size) for _seq, _due, offset, size, _th, _k in run)
-    keys, seqs, problems = batch.ops.record_keys(locs, store.dispatch.read_runs(locs), 12)
-    topic = store.dispatch.topic_name(run[0][4], run[0][2], run[0][3])
-    first = run[0][0]
-    if not problems and seqs == array("Q", range(first, first + len(run))).tobytes():
-        store.keys.put_run(topic, keys, first, array("q", [r[1] for r in run]))
+    locs = run[_AT:] + bytes(_AT)  # each row's (offset, size) at the start of MROW bytes
+    keys, seqs, problems = batch.ops.record_keys(locs, store.dispatch.read_runs(locs, MROW), MROW)
+    first, _due, offset, size, th, *_rest = MROW_FMT.unpack_from(run)
+    n = len(run) // MROW
+    if not problems and seqs == array("Q", range(first, first + n)).tobytes():
+        dues = array("q", memoryview(run).cast("q")[1::MROW // 8])
+        store.keys.put_run(store.dispatch.topic_name(th, offset, size), keys, first, dues)
         return
     rows = []
-    for seq, deliver_at, offset, size, _th, _k in run:
+    for seq, deliver_at, offset, size, *_rest in MROW_FMT.iter_unpack(run):
         try:
             rec = commit.read(offset, size)
         except StorageError:

@@ -356,6 +356,37 @@ def test_keys_after_the_checkpoint_come_back_from_the_log_and_ride_the_first_che
     s.close()
 
 
+def test_a_key_cancelled_and_produced_again_after_the_checkpoint_comes_back_with_its_new_message(
+        tmp_path: Path, clock: list[int]) -> None:
+    """The replay releases a cancel's key where the cancel lies in the log, between the runs of
+    keys it queues: a key cancelled and then produced again is held by the new message; one
+    cancelled and not produced again is free."""
+    d = tmp_path / "data"
+    s, _ = open_store(d, SMALL, lambda: clock[0])
+    drv = Driver(s, clock)
+    drv.checkpoint()
+    saved = save_files(d, "keys.sqlite*")
+    first = keyed(s, T0, 10, 0)
+    for key in ("k3", "k4"):
+        s.append_cancel(first[key], "orders", key)
+    again = keyed(s, T0, 1, 3)  # k3 again, a new message
+    later = keyed(s, T0, 5, 100)
+    s.flush_commit()
+    drv.enqueue()
+    s.close()
+    restore_files(d, "keys.sqlite*", saved)
+
+    s, rep = open_store(d, SMALL, lambda: clock[0])
+    assert rep.keys_replayed == 10 + 2 + 1 + 5
+    for store_state in ("held in memory", "written"):
+        assert s.keys.lookup("orders", "k3")[0] == again["k3"], store_state  # type: ignore[index]
+        assert s.keys.lookup("orders", "k4") is None, store_state
+        for key, seq in {**{k: q for k, q in first.items() if k not in ("k3", "k4")}, **later}.items():
+            assert s.keys.lookup("orders", key)[0] == seq, (store_state, key)  # type: ignore[index]
+        Driver(s, clock).checkpoint()
+    s.close()
+
+
 def test_a_rebuilt_key_index_is_written_as_the_replay_goes(tmp_path: Path, clock: list[int],
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     from delayd.storage import recovery

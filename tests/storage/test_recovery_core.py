@@ -1,5 +1,6 @@
 """Recovery's loops in the batch core (storage/batch_recovery.c) against their Python references,
-byte for byte, damaged input included: `restore_states` (storage/batch.py), `unit_prevs`
+byte for byte, damaged input included: `restore_states`, `message_runs` and `census`
+(storage/batch_recovery.py), `unit_prevs`
 (storage/timerlog.py), `strip_slots` (storage/timerindex.py). `make asan` runs this file with
 AddressSanitizer."""
 
@@ -9,7 +10,7 @@ import struct
 from typing import Any
 
 import pytest
-from delayd.storage import batch, timerindex, timerlog
+from delayd.storage import batch, batch_recovery, timerindex, timerlog
 from delayd.storage.batch import MROW_FMT
 from delayd.storage.msgtable import ENTRY
 from delayd.storage.timerlog import DAMAGED, NO_POS, UNIT, UNIT_SIZE
@@ -46,7 +47,7 @@ def restore_case(draw: Any) -> tuple[bytes, bytes, int, int]:
 def test_restore_states(case: tuple[bytes, bytes, int, int], restore: bool) -> None:
     rows, entries, valid, base = case
     out = []
-    for impl in (c, batch):
+    for impl in (c, batch_recovery):
         spans = [Span(base, bytearray(entries), valid)]
         got = impl.restore_states(rows, spans, restore)
         out.append((got, span_states(spans)))
@@ -59,7 +60,7 @@ def test_restore_states_as_recovery_reads_the_log() -> None:
     rows = b"".join([MROW_FMT.pack(3, 0, 100, 50, 7, 0, 0, 1, 0), MROW_FMT.pack(3, 0, 900, 50, 7, 0, 1, 3, 0),
                      MROW_FMT.pack(4, 0, 200, 40, 7, 0, 0, 2, 0), MROW_FMT.pack(9, 0, 300, 30, 7, 0, 0, 4, 0),
                      MROW_FMT.pack(20, 0, 400, 60, 7, 0, 0, 1, 0)])
-    for impl in (c, batch):
+    for impl in (c, batch_recovery):
         span = Span(0, bytearray(ENTRY.pack(1, 0, 0, 40, 200) * 5 + bytes(16 * 5)), 16 * 5)
         span.buf[16 * 3:16 * 4] = bytes(16)  # seq 3: lost with the power
         top, left = impl.restore_states(rows, [span], True)
@@ -68,6 +69,28 @@ def test_restore_states_as_recovery_reads_the_log() -> None:
         assert span.buf[16 * 4] == 3  # cancelled
         assert impl.restore_states(b"", [span], True) == (0, b"")
         assert impl.restore_states(rows, [span], False)[1] == struct.pack("<I", 3)  # only the GROUP row
+
+
+# ---------------------------------------------------------------------------------- message_runs, census
+@SETTINGS
+@given(st.lists(st.tuples(st.integers(0, 6) | st.sampled_from([2**64 - 1]), st.sampled_from([1, 1, 1, 2, 3, 5]),
+                          st.sampled_from([7, 7, 8])), max_size=30),
+       st.booleans(), st.binary(max_size=45))
+def test_message_runs_and_census(rows: list[tuple[int, int, int]], counting: bool, junk: bytes) -> None:
+    seq, raw = 0, b""
+    for step, rtype, th in rows:  # mostly consecutive seqs, as a produce appends them
+        seq = (seq + 1 if step else step) % 2**64 if counting else step
+        raw += MROW_FMT.pack(seq, 0, 16 * len(raw), 40, th, 0, 0, rtype, 0)
+    for f in ("message_runs", "census"):
+        same(getattr(c, f), getattr(batch_recovery, f), raw)
+        same(getattr(c, f), getattr(batch_recovery, f), junk)
+
+
+def test_message_runs_are_a_produces_messages() -> None:
+    rows = b"".join(MROW_FMT.pack(seq, 0, 0, 40, th, 0, 0, rtype, 0) for seq, th, rtype in
+                    [(5, 7, 1), (6, 7, 1), (7, 8, 1), (9, 8, 1), (10, 8, 2), (11, 8, 1), (12, 8, 1), (2**64 - 1, 8, 1), (0, 8, 1)])
+    assert struct.unpack("<12I", c.message_runs(rows)) == (0, 2, 2, 3, 3, 4, 5, 7, 7, 8, 8, 9)
+    assert c.census(rows) == {(1, 7): (2, 0), (1, 8): (6, 2), (2, 8): (1, 4)}
 
 
 # ---------------------------------------------------------------------------------- unit_prevs
