@@ -33,7 +33,6 @@ Version history: 1 — original.
 
 from __future__ import annotations
 
-import itertools
 import mmap
 import os
 import sys
@@ -173,23 +172,9 @@ class TimerWheel:
         st = self.slot_time(t)
         SLOT.pack_into(self._mm, self._at(st), st, first_pos, last_pos, num, magic)
 
-    def clear(self, t: int) -> None:
-        st = self.slot_time(t)
-        SLOT.pack_into(self._mm, self._at(st), 0, -1, -1, 0, 0)
-
-    def slots(self, last_from: int | None = None) -> Iterator[Slot]:
-        """Every stored slot whose num is not 0 (a negative one is damage), in file order; with
-        `last_from`, only those whose last_pos is at least that (no object for the others)."""
-        for times, firsts, lasts, nums, magics in self.columns():
-            if last_from is not None and max(lasts) < last_from:
-                continue
-            for k in itertools.compress(range(len(nums)), nums):
-                if last_from is None or lasts[k] >= last_from:
-                    yield Slot(times[k], firsts[k], lasts[k], nums[k], magics[k])
-
     def columns(self) -> Iterator[tuple[array, array, array, array, array]]:
         """The slots as (slot_time, first_pos, last_pos, num, magic) columns, `COLUMN_SLOTS` at a
-        time, in file order; a run of empty slots only (num all 0) is left out. Recovery walks
+        time, in file order; a run of empty slots only (num all 0) is left out. Recovery checks
         every slot (172,800 at the default 1 s precision, 17 million at 10 ms): columns make no
         object per slot."""
         body = memoryview(self._mm)[HEADER.size:]
