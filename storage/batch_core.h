@@ -131,6 +131,14 @@ BATCH_HIDDEN uint8_t *out_take(Out *o, size_t n);
 BATCH_HIDDEN PyObject *out_bytes(Out *o);
 BATCH_HIDDEN void out_free(Out *o);
 
+/* d[key] = val, taking both new references (NULL: an error is already set); 0, or -1 with an error set. */
+static inline int dict_set_owned(PyObject *d, PyObject *key, PyObject *val) {
+    int r = key && val ? PyDict_SetItem(d, key, val) : -1;
+    Py_XDECREF(key);
+    Py_XDECREF(val);
+    return r;
+}
+
 /* A small open-addressing set/map of u64 keys (seqs, slot times). */
 typedef struct {
     uint64_t *keys;

@@ -227,10 +227,7 @@ PyObject *census(PyObject *self, PyObject *arg) {
             first = PyLong_AsLongLong(PyTuple_GET_ITEM(old, 1));
         }
         PyObject *val = (key && !PyErr_Occurred()) ? Py_BuildValue("(LL)", count, first) : NULL;
-        int bad = !val || PyDict_SetItem(out, key, val) < 0;
-        Py_XDECREF(key);
-        Py_XDECREF(val);
-        if (bad) { Py_CLEAR(out); goto done; }
+        if (dict_set_owned(out, key, val) < 0) { Py_CLEAR(out); goto done; }
         k = j;
     }
 done:

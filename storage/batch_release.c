@@ -510,10 +510,7 @@ PyObject *tally(PyObject *self, PyObject *args) {
         PyObject *old = key ? PyDict_GetItemWithError(out, key) : NULL;
         long long add = (long long)(j - k) + (old ? PyLong_AsLongLong(old) : 0);
         PyObject *val = (key && !PyErr_Occurred()) ? PyLong_FromLongLong(add) : NULL;
-        int bad = !val || PyDict_SetItem(out, key, val) < 0;
-        Py_XDECREF(key);
-        Py_XDECREF(val);
-        if (bad) { Py_CLEAR(out); goto done; }
+        if (dict_set_owned(out, key, val) < 0) { Py_CLEAR(out); goto done; }
         k = j;
     }
 done:
