@@ -50,6 +50,7 @@ static PyMethodDef methods[] = {
     {"strip_slots", strip_slots, METH_VARARGS, "recovery: unlink units past a position from the wheel"},
     {"message_runs", message_runs, METH_O, "recovery: the runs of MESSAGE rows a produce appended"},
     {"census", census, METH_O, "recovery: MessageRows counted by type and topic hash"},
+    {"bad_slots", bad_slots, METH_VARARGS, "recovery: the wheel slots whose fields cannot be right"},
     {"encode_pull", encode_pull, METH_VARARGS, "the msgpack answer of a pull"},
     {"record_keys", record_keys, METH_VARARGS, "the keys and seqs of records, packed"},
     {"parse_receipts", parse_receipts, METH_VARARGS, "indexes and tokens of receipts"},

@@ -387,6 +387,7 @@ BATCH_HIDDEN PyObject *unit_prevs(PyObject *self, PyObject *args);
 BATCH_HIDDEN PyObject *strip_slots(PyObject *self, PyObject *args);
 BATCH_HIDDEN PyObject *message_runs(PyObject *self, PyObject *arg);
 BATCH_HIDDEN PyObject *census(PyObject *self, PyObject *arg);
+BATCH_HIDDEN PyObject *bad_slots(PyObject *self, PyObject *args);
 
 /* batch_pull.c: pull and ack */
 BATCH_HIDDEN PyObject *read_plan(PyObject *self, PyObject *args);

@@ -1,11 +1,12 @@
 /*
- * batch_recovery.c — recovery's per-record and per-unit loops (storage/recovery.py after a crash):
- * the message table's entries restored from a chunk of MessageRows (`restore_states`), the runs of
- * messages whose keys are replayed (`message_runs`) and the rows counted by type and topic
- * (`census`), references in storage/batch_recovery.py; the prev_pos of the TimerLog units past
- * the checkpoint (`unit_prevs`, reference in storage/timerlog.py) and the wheel's slots walked back through them
- * (`strip_slots`, reference in storage/timerindex.py). A kill -9 under load leaves about a
- * second's produce to redo; in Python these loops took most of the restart (BENCHMARKS.md).
+ * batch_recovery.c — recovery's per-record, per-unit and per-slot loops (storage/recovery.py after a
+ * crash): the message table's entries restored from a chunk of MessageRows (`restore_states`), the
+ * runs of messages whose keys are replayed (`message_runs`) and the rows counted by type and topic
+ * (`census`), references in storage/batch_recovery.py; the prev_pos of the TimerLog units past the
+ * checkpoint (`unit_prevs`, reference in storage/timerlog.py); the wheel's check (`bad_slots`) and
+ * its slots walked back through those units (`strip_slots`), references in storage/timerindex.py.
+ * A kill -9 under load leaves about a second's produce to redo; in Python these loops took most of
+ * the restart (BENCHMARKS.md).
  */
 #include "batch_core.h"
 
@@ -233,4 +234,35 @@ PyObject *census(PyObject *self, PyObject *arg) {
 done:
     buf_release(&rb);
     return out;
+}
+
+/* bad_slots(wheel, header_size, precision, start, end) -> the slots whose fields cannot be right */
+PyObject *bad_slots(PyObject *self, PyObject *args) {
+    PyObject *wheel_o;
+    Py_ssize_t header;
+    long long precision, start, end;
+    if (!PyArg_ParseTuple(args, "OnLLL", &wheel_o, &header, &precision, &start, &end)) return NULL;
+    Buf wb;
+    if (buf_get(wheel_o, &wb, 0, "wheel") < 0) return NULL;
+    PyObject *res = NULL;
+    if (header < 0 || header > wb.view.len || (wb.view.len - header) % SLOT_SIZE || precision <= 0) {
+        PyErr_SetString(PyExc_ValueError, "bad_slots: wheel, header_size or precision");
+        goto done;
+    }
+    const uint8_t *slots = (const uint8_t *)wb.view.buf + header;
+    Py_ssize_t nslots = (wb.view.len - header) / SLOT_SIZE;
+    long long bad = 0;
+    for (Py_ssize_t k = 0; k < nslots; k++) {
+        const uint8_t *s = slots + k * SLOT_SIZE;
+        int32_t num = rdi32(s + 24);
+        if (num == 0) continue;
+        int64_t t = rdi64(s), first = rdi64(s + 8), last = rdi64(s + 16);
+        /* (a C remainder is 0 exactly where Python's is: the grid checks need no floor) */
+        if (num < 0 || t % precision || last % UNIT_SIZE || last < start || last >= end || first < start || first > last)
+            bad++;
+    }
+    res = PyLong_FromLongLong(bad);
+done:
+    buf_release(&wb);
+    return res;
 }

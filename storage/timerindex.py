@@ -74,6 +74,24 @@ def strip_slots(wheel: Any, header_size: int, pos: int, tail: Any) -> tuple[int,
     return removed, None
 
 
+def bad_slots(wheel: Any, header_size: int, precision: int, start: int, end: int) -> int:
+    """TimerIndex.check_slots's count (compiled: storage/batch_recovery.c; this is its reference)
+    over the wheel's bytes: the slots whose num is not 0 and whose fields cannot be right — num
+    negative, slot_time off the `precision` grid, last_pos not a unit's or outside the TimerLog
+    [start, end), first_pos outside [start, last_pos]."""
+    if not 0 <= header_size <= len(wheel) or (len(wheel) - header_size) % SLOT_SIZE or precision <= 0:
+        raise ValueError("bad_slots: wheel, header_size or precision")
+    bad = 0
+    for at in range(header_size, len(wheel), COLUMN_BYTES):  # (columns: no object a slot)
+        part = bytes(wheel[at:at + COLUMN_BYTES])
+        wide, nums = array("q", part), array("i", part)[6::8]
+        for k in itertools.compress(range(len(nums)), nums):
+            t, first, last = wide[4 * k], wide[4 * k + 1], wide[4 * k + 2]
+            if nums[k] < 0 or t % precision or last % UNIT_SIZE or not start <= last < end or not start <= first <= last:
+                bad += 1
+    return bad
+
+
 class TimerIndex:
     def __init__(self, timerlog: TimerLog, wheel: TimerWheel) -> None:
         self.log = timerlog
@@ -155,15 +173,8 @@ class TimerIndex:
     # -- recovery -------------------------------------------------------------------------------
     def check_slots(self) -> int:
         """Count slots whose fields cannot be right (the wheel then has to be rebuilt)."""
-        bad = 0
-        end, start, p = self.log.end, self.log.start, self.wheel.precision_ms
-        for times, firsts, lasts, nums, _magics in self.wheel.columns():
-            for k in itertools.compress(range(len(nums)), nums):
-                last = lasts[k]
-                if (nums[k] < 0 or times[k] % p or last % UNIT_SIZE or not start <= last < end
-                        or not start <= firsts[k] <= last):
-                    bad += 1
-        return bad
+        return int(ops.bad_slots(self.wheel.buffer, WHEEL_HEADER_SIZE, self.wheel.precision_ms, self.log.start,
+                                 self.log.end))
 
     def strip_after(self, pos: int) -> int:
         """Unlink every unit at or after `pos` from its slot; returns the units unlinked.

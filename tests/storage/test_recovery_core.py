@@ -1,7 +1,7 @@
 """Recovery's loops in the batch core (storage/batch_recovery.c) against their Python references,
 byte for byte, damaged input included: `restore_states`, `message_runs` and `census`
 (storage/batch_recovery.py), `unit_prevs`
-(storage/timerlog.py), `strip_slots` (storage/timerindex.py). `make asan` runs this file with
+(storage/timerlog.py), `strip_slots` and `bad_slots` (storage/timerindex.py). `make asan` runs this file with
 AddressSanitizer."""
 
 from __future__ import annotations
@@ -157,3 +157,29 @@ def test_strip_slots_cuts_chains_at_pos() -> None:
     broken = bytearray(HEADER) + SLOT.pack(3000, UNIT_SIZE, 4 * UNIT_SIZE, 2, 1)
     assert c.strip_slots(broken, HEADER, pos, tail) == (0, (3000, 4 * UNIT_SIZE))
     assert SLOT.unpack_from(broken, HEADER) == (3000, UNIT_SIZE, 4 * UNIT_SIZE, 2, 1)  # untouched
+
+
+# ---------------------------------------------------------------------------------- bad_slots
+POSITIONS = st.integers(-1, 12).map(lambda k: k * UNIT_SIZE) | st.integers(-60, 700)
+
+
+@SETTINGS
+@given(st.lists(st.tuples(st.integers(-2, 5).map(lambda k: k * 1000) | st.integers(-2000, 5000), POSITIONS, POSITIONS,
+                          st.integers(-3, 5), st.integers(0, 7)), max_size=10),
+       st.sampled_from([1, 10, 1000]) | st.integers(-3, 1000), st.sampled_from([0, UNIT_SIZE]) | st.integers(0, 400),
+       st.integers(0, 700), st.binary(max_size=40))
+def test_bad_slots(slots: list[tuple[int, int, int, int, int]], precision: int, start: int, end: int,
+                   junk: bytes) -> None:
+    wheel = bytes(HEADER) + b"".join(SLOT.pack(*f) for f in slots)
+    same(c.bad_slots, timerindex.bad_slots, wheel, HEADER, precision, start, end)
+    same(c.bad_slots, timerindex.bad_slots, wheel + junk, HEADER, precision, start, end)
+    same(c.bad_slots, timerindex.bad_slots, junk, len(junk) // 2, 1000, start, end)
+
+
+def test_bad_slots_names_each_kind_of_damage() -> None:
+    good = SLOT.pack(2000, 52, 104, 2, 1) + SLOT.pack(3000, 104, 104, 1, 1)
+    damaged = [SLOT.pack(2000, 52, 104, -1, 1), SLOT.pack(2001, 52, 104, 2, 1), SLOT.pack(2000, 52, 105, 2, 1),
+               SLOT.pack(2000, 52, 520, 2, 1), SLOT.pack(2000, 0, 104, 2, 1), SLOT.pack(2000, 156, 104, 2, 1)]
+    empty = SLOT.pack(2001, -7, 3, 0, 0)  # (num 0: not looked at)
+    wheel = bytes(HEADER) + good + empty + b"".join(damaged)
+    assert c.bad_slots(wheel, HEADER, 1000, 52, 520) == len(damaged)
