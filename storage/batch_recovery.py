@@ -1,6 +1,6 @@
 """The batch core's recovery loops in Python: the reference of storage/batch_recovery.c's
-`restore_states`, `message_runs` and `census` (its `unit_prevs` and `strip_slots` are referenced in
-storage/timerlog.py and storage/timerindex.py, beside their byte tables). storage/batch.py says
+`restore_states`, `message_runs` and `census` (its `unit_prevs` is referenced in storage/timerlog.py,
+its `strip_slots` and `bad_slots` in storage/timerindex.py, beside what they work on). storage/batch.py says
 how a reference and the compiled core relate; `batch.ops` is the one in use. Recovery
 (storage/recovery.py) runs them over the MessageRows of the commit log past the checkpoint.
 """
