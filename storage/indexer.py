@@ -110,7 +110,7 @@ class Indexer:
                     if units:
                         tlog.append(units)  # before the slots point at them; DiskFull: nothing counted
                     ops.put_slots(wheel.buffer, WHEEL_HEADER_SIZE, precision, nslots, slots)
-                    ops.add_counts(self.schedule.slots, counts)
+                    self.schedule.count(counts)
                     if far or near:
                         self._far_rows(far, near)
                     late.append(late_rows)
@@ -174,11 +174,7 @@ class Indexer:
         return None
 
     def _apply(self, counts: _Counts) -> None:
-        slots = self.schedule.slots
-        for i in counts.slots:
-            slots[i] += 1
-        for i in counts.unslots:
-            slots[i] = max(0, slots[i] - 1)
+        self.schedule.apply(counts.slots, counts.unslots)
         for h, n in counts.far.items():
             if n:
                 self.schedule.add_far(h * HOUR_MS, n)

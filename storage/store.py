@@ -93,6 +93,7 @@ class PendingCheckpoint:
     checkpoint: ckpt.Checkpoint
     fds: list[int]  # duplicated descriptors to fsync (and close)
     paths: list[Path]  # files of closed ready queues to fsync by path
+    pack_schedule: Callable[[], bytes]  # the checkpoint's `schedule`, packed (Schedule.snapshot)
     key_ops: list[Any] | None = field(default_factory=list)  # key-index writes riding this checkpoint (None: left queued)
     key_pos: int = 0  # the commit-log offset those writes cover
     far_ops: list[Any] = field(default_factory=list)  # far-index writes riding this checkpoint
@@ -393,13 +394,13 @@ class Store:
                 os.close(fd)
             self._all_dirty()
             raise
-        slots, far = self.schedule.snapshot()  # raw: finish_checkpoint packs it
+        pack_schedule, far = self.schedule.snapshot()  # (packed by finish_checkpoint)
         cp = ckpt.Checkpoint(
             commit_indexed=self.indexer.indexed, commit_end=self.commit.end, timerlog_end=self.timers.log.end,
             read_time_ms=read_time_ms, next_seq=self.next_seq, ready_ends=self.ready.ends(),
-            counters=self.counters.snapshot(), schedule=slots, far_schedule=far,
+            counters=self.counters.snapshot(), far_schedule=far,
             groups=groups, created_ms=self.clock_ms(), indexed_at=dict(self.retention.indexed_at))
-        return PendingCheckpoint(cp, fds, self.ready.take_unsynced(), self.keys.take_ops() if keys else None,
+        return PendingCheckpoint(cp, fds, self.ready.take_unsynced(), pack_schedule, self.keys.take_ops() if keys else None,
                                  self.commit.end, self.far.take_ops(), self.indexer.indexed)
 
     def finish_checkpoint(self, pending: PendingCheckpoint) -> None:
@@ -413,8 +414,7 @@ class Store:
         finally:
             fsync_all(pending.fds)  # closes them, also on failure
             pending.fds = []
-        ckpt.save(self.data.layout.checkpoint, replace(
-            pending.checkpoint, schedule=Schedule.packed(pending.checkpoint.schedule)))
+        ckpt.save(self.data.layout.checkpoint, replace(pending.checkpoint, schedule=pending.pack_schedule()))
 
     def checkpoint_failed(self, pending: PendingCheckpoint) -> None:
         """The checkpoint was not written: what it was to make durable is fsynced next time

@@ -227,6 +227,39 @@ def test_checkpoint_and_recover(tmp_path: Path, clock: list[int]) -> None:
     s.close()
 
 
+def test_every_checkpoint_holds_the_per_slot_counts_of_its_moment(tmp_path: Path, clock: list[int]) -> None:
+    """A checkpoint packs the counts again only after they changed (Schedule.snapshot): each way
+    they change (indexed, cancelled, a slot loaded) must make the next checkpoint's counts the
+    live ones, and a checkpoint with no change in between saves the same."""
+    from delayd.storage import checkpoint as ckpt
+
+    s = open_store(tmp_path, clock)
+    drv = Driver(s, clock)
+
+    def saved() -> bytes:
+        drv.checkpoint()
+        packed = ckpt.load(s.data.layout.checkpoint).schedule
+        assert zlib.decompress(packed) == s.schedule.slots.tobytes()
+        return packed
+
+    first = saved()
+    a, b, _ = s.append_messages([NewMessage("orders", b"x", T0 + 20 * i) for i in (1, 2, 3)], T0)
+    drv.enqueue()  # indexed: counted
+    counted = saved()
+    assert counted != first and saved() == counted
+    s.append_cancel(b, "orders")
+    drv.enqueue()  # a cancel takes its message out
+    cancelled = saved()
+    assert cancelled != counted
+    drv.now = T0 + 30
+    drv.dequeue()  # the first slot loaded: its message is no longer pending there
+    assert [x.seq for x in drv.pending] == [a]
+    assert saved() not in (cancelled, first)
+    drain(drv, T0 + 200)
+    assert saved() == first and s.scheduled == 0
+    s.close()
+
+
 def test_a_checkpoint_without_keys_leaves_the_key_index_s_writes_to_the_next(tmp_path: Path, clock: list[int]) -> None:
     """The broker's checkpoint right after recovery (`keys=False`): everything else is made durable,
     the key index's queued writes (recovery's replay) wait for the checkpoint loop's first."""
