@@ -55,7 +55,7 @@ PARTS: list[tuple[Any, str, str, int]] = [
     (KeyFilter, "claim", "KeyFilter.claim (the filter's pass)", 2),
     (Store, "append_packed", "Store.append_packed (the records stored)", 0),
     (KeyIndex, "put_run", "KeyIndex.put_run", 1),
-    (Overlay, "put", "Overlay.put (the overlay's table)", 2),
+    (Overlay, "put", "Overlay.put (an entry; its table at a look)", 2),
 ]
 
 

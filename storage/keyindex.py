@@ -860,7 +860,8 @@ class KeyIndex:
     def unwritten(self) -> int:
         """Keys put that the database does not hold yet: what the overlay answers for, in
         memory (a produce's keys packed: 74 bytes of the process's memory a keyed message
-        produced and not yet written, BENCHMARKS.md). The broker refuses keyed produce while it is over
+        produced and not yet written, BENCHMARKS.md, 32 of them the overlay's table, filled
+        only once a key is looked for). The broker refuses keyed produce while it is over
         `max_unwritten_keys` (the write of random keys into a big index is slower than produce)."""
         return self._queued + self._writing
 
