@@ -107,6 +107,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=20_000.0,
         help="fill rate assumed to place the burst second when no rate was measured",
     )
+    ap.add_argument("--keyed-load", action="store_true",
+                    help="accuracy_load's concurrent producer gives each message a key of its own")
     ap.add_argument("--timeout-factor", type=float, default=1.0, help="scale every workload's time bound")
     ap.add_argument(
         "--json",
@@ -162,6 +164,8 @@ def build_workloads(args: argparse.Namespace) -> list[Workload]:
             Pending(p=int(args.pending_p * args.scale)),
         ]
     for wl in chosen:
+        if isinstance(wl, AccuracyLoad):
+            wl.keyed = args.keyed_load
         if isinstance(wl, Pending):
             wl.memory, wl.restart = "memory" in args.only, "restart" in args.only
     return [wl for wl in chosen if any(s in args.only for s in wl.sections)]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import multiprocessing
 import random
 import tempfile
@@ -240,20 +241,24 @@ class Accuracy(Workload):
 
 
 def _load_child(factory: Callable[[int], Producer], connections: int, rate: float, topic: str,
-                stop: Any, started: Any, sent: Any) -> None:
+                stop: Any, started: Any, sent: Any, keyed: bool = False) -> None:
     """The concurrent producer of `accuracy_load`, in a process of its own (so it does not share the
     measuring client's event loop or GIL): batches of 1,000 far-future messages at `rate` msg/s,
-    paced on the monotonic clock, until `stop` is set. `sent` ends as the number acknowledged."""
+    paced on the monotonic clock, until `stop` is set. `sent` ends as the number acknowledged.
+    `keyed`: each message has a key of its own, order-<n> with n counting up (an order service's ids)."""
 
     async def main() -> None:
         bodies = Bodies(100)
         rnd = random.Random(23)
+        numbers = itertools.count(0, BATCH)
         async with factory(connections) as prod:
             done = 0
 
             async def one() -> None:
                 nonlocal done
-                await prod.send_batch(topic, bodies, 0, BATCH, FAR, rnd)
+                first = next(numbers)
+                keys = [f"order-{first + i:012d}" for i in range(BATCH)] if keyed else None
+                await prod.send_batch(topic, bodies, 0, BATCH, FAR, rnd, keys)
                 done += BATCH
                 sent.value = done
                 started.set()
@@ -283,11 +288,13 @@ def _load_child(factory: Callable[[int], Producer], connections: int, rate: floa
 @dataclass
 class AccuracyLoad(Accuracy):
     """`accuracy` while another process produces far-future messages at half the peer's measured
-    produce rate: releases must keep their p99 while bulk produce work runs (issue 14)."""
+    produce rate: releases must keep their p99 while bulk produce work runs (issue 14). `keyed`
+    (`--keyed-load`): the load's messages each have a key (its rate still half the keyless one)."""
 
     name: ClassVar[str] = "accuracy_load"
     tag: ClassVar[str] = "accuracy-load"
     load_fraction: float = 0.5
+    keyed: bool = False
     # Without a produce run before it, the rate is measured first, with as many messages as the
     # produce workload sends: 20,000 took a tenth of a second or less and measured as little as
     # a third of the rate on a quiet 16-core host (BENCHMARKS.md), so the load was lighter than meant.
@@ -307,7 +314,8 @@ class AccuracyLoad(Accuracy):
         mp = multiprocessing.get_context("spawn")
         stop, started, sent = mp.Event(), mp.Event(), mp.Value("q", 0)
         child = mp.Process(target=_load_child, name="accuracy-load",
-                           args=(peer.producer_factory(), ctx.connections, rate, "bench-load", stop, started, sent))
+                           args=(peer.producer_factory(), ctx.connections, rate, "bench-load", stop, started, sent,
+                                 self.keyed))
         child.start()
         try:
             deadline = time.monotonic() + ctx.timeout(30, 0)
@@ -328,13 +336,16 @@ class AccuracyLoad(Accuracy):
             "load_target_msg_per_s": rate,
             "load_msg_per_s": load_sent / load_s,
             "load_messages": load_sent,
+            "load_keyed": self.keyed,
             "server_cpu_s": cpu.server_cpu_s,
         })
         return res
 
     def rows(self, t: Table) -> None:
         if t.has(self.name):
-            t.row(self.name, "concurrent produce (target: half the max)", "msg/s", "load_msg_per_s")
+            what = "concurrent keyed produce (target: half the keyless max)" if self.keyed else \
+                "concurrent produce (target: half the max)"
+            t.row(self.name, what, "msg/s", "load_msg_per_s")
         super().rows(t)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -79,10 +79,12 @@ class Producer(ABC):
 
     @abstractmethod
     async def send_batch(
-        self, topic: str, bodies: Bodies, start: int, count: int, schedule: Schedule, rnd: random.Random
+        self, topic: str, bodies: Bodies, start: int, count: int, schedule: Schedule, rnd: random.Random,
+        keys: Sequence[str] | None = None,
     ) -> None:
         """Send bodies[start:start+count], each due per `schedule`; building the batch counts as
-        client encode time."""
+        client encode time. `keys`: a business key a message (delayd's `key`; the Redis peer's
+        member id), as an order service gives each delayed task its order's id."""
 
     @abstractmethod
     async def send_probe(self, topic: str, body: bytes, delay_ms: int) -> int:

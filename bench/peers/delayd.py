@@ -10,7 +10,7 @@ import functools
 import random
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,8 @@ class DelaydProducer(Producer):
         await self.client.__aexit__()
 
     async def send_batch(
-        self, topic: str, bodies: Bodies, start: int, count: int, schedule: Schedule, rnd: random.Random
+        self, topic: str, bodies: Bodies, start: int, count: int, schedule: Schedule, rnd: random.Random,
+        keys: Sequence[str] | None = None,
     ) -> None:
         t0 = time.perf_counter()
         end = start + count
@@ -49,6 +50,9 @@ class DelaydProducer(Producer):
         else:
             at, width = schedule.start_ms, schedule.width_ms
             msgs = [{"body": bodies[i], "deliver_at": at + rnd.randrange(width)} for i in range(start, end)]
+        if keys is not None:
+            for m, key in zip(msgs, keys, strict=True):
+                m["key"] = key
         self.stats.encode_s += time.perf_counter() - t0
         await self.client.produce(topic, msgs)
 

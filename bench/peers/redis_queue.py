@@ -16,7 +16,7 @@ import random
 import subprocess
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -71,13 +71,14 @@ class RedisQueue:
         self.pop_script = client.register_script(POP_LUA)
         self.stats = stats
 
-    async def add_batch(self, items: list[tuple[bytes, int]]) -> None:
-        """items: (body, due_ms). Ids are uuid4 hex, as most Python delay-queue code does."""
+    async def add_batch(self, items: list[tuple[bytes, int]], ids: Sequence[str] | None = None) -> None:
+        """items: (body, due_ms). Ids are uuid4 hex, as most Python delay-queue code does, or
+        `ids` (business keys: adding one again replaces it)."""
         t0 = time.perf_counter()
         payloads: dict[str, bytes] = {}
         scores: dict[str, int] = {}
-        for body, due in items:
-            mid = uuid.uuid4().hex
+        for n, (body, due) in enumerate(items):
+            mid = uuid.uuid4().hex if ids is None else ids[n]
             payloads[mid] = body
             scores[mid] = due
         self.stats.encode_s += time.perf_counter() - t0
@@ -113,7 +114,8 @@ class RedisProducer(Producer):
         return self.queues[topic]
 
     async def send_batch(
-        self, topic: str, bodies: Bodies, start: int, count: int, schedule: Schedule, rnd: random.Random
+        self, topic: str, bodies: Bodies, start: int, count: int, schedule: Schedule, rnd: random.Random,
+        keys: Sequence[str] | None = None,
     ) -> None:
         t0 = time.perf_counter()
         end = start + count
@@ -124,7 +126,7 @@ class RedisProducer(Producer):
             at, width = schedule.start_ms, schedule.width_ms
             items = [(bodies[i], at + rnd.randrange(width)) for i in range(start, end)]
         self.stats.encode_s += time.perf_counter() - t0
-        await self.queue(topic).add_batch(items)
+        await self.queue(topic).add_batch(items, keys)
 
     async def send_probe(self, topic: str, body: bytes, delay_ms: int) -> int:
         due = now_ms() + delay_ms

@@ -11,6 +11,7 @@ import json
 import math
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -160,3 +161,30 @@ def test_daemon_process_command_prefix_and_session(tmp_path: Path) -> None:
         assert os.getsid(d.proc.pid) == d.proc.pid != os.getsid(0)
     finally:
         d.stop()
+
+
+def test_a_keyed_load_gives_each_message_of_the_load_a_key_of_its_own(tmp_path: Path) -> None:
+    """`--keyed-load`: accuracy_load's concurrent producer gives every message a key of its own, on
+    both systems; delayd's key index (read from the kept data directory after the stop) holds
+    one row a message of the load."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed (scripts/install-test-deps.sh installs it)")
+    cmd = [sys.executable, "-m", "bench.daemon_vs_redis", "--smoke", "--only", "accuracy_load", "--keyed-load",
+           "--json", str(tmp_path / "out.json"), "--tmp-dir", str(tmp_path), "--keep-dirs"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=110,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, f"rc={proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert out["errors"] == {}
+    for side in SIDES:
+        r = result(out, "accuracy_load", side)
+        assert r["load_keyed"] is True and r["load_messages"] > 0 and r["early"] == 0
+    [index] = list(tmp_path.rglob("keys.sqlite"))
+    db = sqlite3.connect(index)
+    try:
+        keys = [k for (k,) in db.execute("SELECT key FROM keys WHERE topic = 'bench-load' UNION ALL "
+                                          "SELECT key FROM recent WHERE topic = 'bench-load'")]
+    finally:
+        db.close()
+    assert len(keys) == len(set(keys)) >= result(out, "accuracy_load", "delayd")["load_messages"]
+    assert all(k.startswith("order-") for k in keys)
