@@ -63,10 +63,10 @@ class Counters:
         self.add(topic, Count.SCHEDULED, n)
         self.totals[Total.PRODUCED] += n
 
-    def cancelled(self, topic: str) -> None:
-        self.add(topic, Count.CANCELLED, 1)
-        self.add(topic, Count.SCHEDULED, -1)
-        self.totals[Total.CANCELLED] += 1
+    def cancelled(self, topic: str, n: int = 1) -> None:
+        self.add(topic, Count.CANCELLED, n)
+        self.add(topic, Count.SCHEDULED, -n)
+        self.totals[Total.CANCELLED] += n
 
     def delivered(self, topic: str, n: int, *, was_scheduled: bool = True) -> None:
         if was_scheduled:

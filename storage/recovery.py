@@ -281,11 +281,9 @@ def _repair(store: Store, cp: ckpt.Checkpoint | None, found: _Found, rep: Recove
             dispatch.apply_release(commit.read(*_LOC.unpack_from(rows, k * MROW + _AT)), count=False)
             k = types.find(_RELEASE_B, k + 1)
         for (rtype, th), (n, k) in batch.ops.census(rows).items() if cp is not None else ():
-            if rtype == _MESSAGE:
-                counters.produced(dispatch.topic_name(th, *_LOC.unpack_from(rows, k * MROW + _AT)), n)
-            elif rtype == _CANCEL:
-                for _ in range(n):
-                    counters.cancelled(dispatch.topic_name(th, *_LOC.unpack_from(rows, k * MROW + _AT)))
+            if rtype in (_MESSAGE, _CANCEL):
+                topic = dispatch.topic_name(th, *_LOC.unpack_from(rows, k * MROW + _AT))
+                (counters.produced if rtype == _MESSAGE else counters.cancelled)(topic, n)
     # Deliveries past the checkpoint: the ready queues are their record. Counters change
     # only with appends (produce/cancel to the commit log, release to a ready queue), so
     # replaying exactly the appends after the checkpoint's snapshot makes them exact.
