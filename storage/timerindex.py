@@ -19,11 +19,10 @@ from typing import Any, NamedTuple
 from delayd.storage import native
 from delayd.storage.errors import Insane
 from delayd.storage.timerlog import DAMAGED, NO_POS, UNIT, UNIT_SIZE, TimerLog, Unit, UnitMagic
-from delayd.storage.timerwheel import COLUMN_SLOTS, SLOT, SLOT_SIZE, TimerWheel
 from delayd.storage.timerwheel import HEADER as WHEEL_HEADER
+from delayd.storage.timerwheel import SLOT, SLOT_SIZE, TimerWheel, columns
 
 WHEEL_HEADER_SIZE = WHEEL_HEADER.size
-COLUMN_BYTES = COLUMN_SLOTS * SLOT_SIZE
 log = logging.getLogger("delayd.storage")
 
 
@@ -52,25 +51,25 @@ def strip_slots(wheel: Any, header_size: int, pos: int, tail: Any) -> tuple[int,
         raise ValueError("strip_slots: wheel, header_size, pos or tail")
     prevs = array("q", raw)
     removed = 0
-    # (each chunk's num column: no object a slot that is empty)
-    nonzero = (at + k for at in range(header_size, len(wheel), COLUMN_BYTES)
-               for k in itertools.compress(range(0, COLUMN_BYTES, SLOT_SIZE), array("i", bytes(wheel[at:at + COLUMN_BYTES]))[6::8]))
-    for at in nonzero:
-        t, first, last, num, magic = SLOT.unpack_from(wheel, at)
-        if last < pos:
-            continue
-        n = 0
-        while last != NO_POS and last >= pos:
-            i, off = divmod(last - pos, UNIT_SIZE)
-            if off or i >= len(prevs) or prevs[i] == DAMAGED or prevs[i] >= last:
-                return removed, (t, last)
-            last = prevs[i]
-            n += 1
-        removed += n
-        if last == NO_POS or num - n <= 0:
-            SLOT.pack_into(wheel, at, 0, NO_POS, NO_POS, 0, 0)
-        else:
-            SLOT.pack_into(wheel, at, t, first, last, num - n, magic)
+    # (a slot is read from its chunk's columns and written only when it is visited)
+    for first_slot, (times, firsts, lasts, nums, magics) in columns(memoryview(wheel)[header_size:]):
+        for k in itertools.compress(range(len(nums)), nums):
+            t, first, last, num, magic = times[k], firsts[k], lasts[k], nums[k], magics[k]
+            if last < pos:
+                continue
+            n = 0
+            while last != NO_POS and last >= pos:
+                i, off = divmod(last - pos, UNIT_SIZE)
+                if off or i >= len(prevs) or prevs[i] == DAMAGED or prevs[i] >= last:
+                    return removed, (t, last)
+                last = prevs[i]
+                n += 1
+            removed += n
+            at = header_size + (first_slot + k) * SLOT_SIZE
+            if last == NO_POS or num - n <= 0:
+                SLOT.pack_into(wheel, at, 0, NO_POS, NO_POS, 0, 0)
+            else:
+                SLOT.pack_into(wheel, at, t, first, last, num - n, magic)
     return removed, None
 
 
@@ -82,12 +81,10 @@ def bad_slots(wheel: Any, header_size: int, precision: int, start: int, end: int
     if not 0 <= header_size <= len(wheel) or (len(wheel) - header_size) % SLOT_SIZE or precision <= 0:
         raise ValueError("bad_slots: wheel, header_size or precision")
     bad = 0
-    for at in range(header_size, len(wheel), COLUMN_BYTES):  # (columns: no object a slot)
-        part = bytes(wheel[at:at + COLUMN_BYTES])
-        wide, nums = array("q", part), array("i", part)[6::8]
+    for _first_slot, (times, firsts, lasts, nums, _magics) in columns(memoryview(wheel)[header_size:]):
         for k in itertools.compress(range(len(nums)), nums):
-            t, first, last = wide[4 * k], wide[4 * k + 1], wide[4 * k + 2]
-            if nums[k] < 0 or t % precision or last % UNIT_SIZE or not start <= last < end or not start <= first <= last:
+            last = lasts[k]
+            if nums[k] < 0 or times[k] % precision or last % UNIT_SIZE or not start <= last < end or not start <= firsts[k] <= last:
                 bad += 1
     return bad
 

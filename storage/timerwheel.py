@@ -42,6 +42,7 @@ from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from delayd.storage.bytetable import ByteTable
 from delayd.storage.errors import BadMagic, ChecksumMismatch, GeometryMismatch, UnsupportedVersion
@@ -51,7 +52,7 @@ WHEEL_VERSION = 1
 HEADER = ByteTable("<IHHIIqII")
 SLOT = ByteTable("<qqqiI")
 SLOT_SIZE = SLOT.size
-COLUMN_SLOTS = 65_536  # slots per chunk of `TimerWheel.columns` (2 MiB)
+COLUMN_SLOTS = 65_536  # slots per chunk of `columns` (2 MiB)
 assert HEADER.size == 32 and SLOT_SIZE == 32
 
 
@@ -70,6 +71,34 @@ class Slot:
 
 def empty_slot(t: int) -> Slot:
     return Slot(t, -1, -1, 0, 0)
+
+
+Columns = tuple[array, array, array, array, array]
+
+
+def columns(body: Any) -> Iterator[tuple[int, Columns]]:
+    """The slots of `body` (a wheel's bytes after its header, a whole number of slots) as
+    (slot_time, first_pos, last_pos, num, magic) columns, `COLUMN_SLOTS` at a time, in file order,
+    each with the index of its chunk's first slot; a chunk of empty slots only (num all 0) is left
+    out. Recovery checks every slot (172,800 at the default 1 s precision, 17 million at 10 ms):
+    columns make no object per slot (the references of the batch core's `bad_slots` and
+    `strip_slots`, storage/timerindex.py, read the wheel so)."""
+    body = memoryview(body).cast("B")
+    swap = sys.byteorder != "little"
+    for at in range(0, len(body), COLUMN_SLOTS * SLOT_SIZE):
+        part = body[at:at + COLUMN_SLOTS * SLOT_SIZE]
+        words, wide, magics = array("i"), array("q"), array("I")
+        words.frombytes(part)
+        if swap:
+            words.byteswap()
+        nums = words[6::8]
+        if not nums.tobytes().strip(b"\0"):
+            continue
+        wide.frombytes(part)
+        if swap:
+            wide.byteswap()
+        magics.frombytes(words[7::8].tobytes())
+        yield at // SLOT_SIZE, (wide[0::4], wide[1::4], wide[2::4], nums, magics)
 
 
 def read_header(path: Path) -> tuple[int, int, int]:
@@ -171,28 +200,6 @@ class TimerWheel:
     def put(self, t: int, first_pos: int, last_pos: int, num: int, magic: int) -> None:
         st = self.slot_time(t)
         SLOT.pack_into(self._mm, self._at(st), st, first_pos, last_pos, num, magic)
-
-    def columns(self) -> Iterator[tuple[array, array, array, array, array]]:
-        """The slots as (slot_time, first_pos, last_pos, num, magic) columns, `COLUMN_SLOTS` at a
-        time, in file order; a run of empty slots only (num all 0) is left out. Recovery checks
-        every slot (172,800 at the default 1 s precision, 17 million at 10 ms): columns make no
-        object per slot."""
-        body = memoryview(self._mm)[HEADER.size:]
-        swap = sys.byteorder != "little"
-        for at in range(0, len(body), COLUMN_SLOTS * SLOT_SIZE):
-            part = body[at:at + COLUMN_SLOTS * SLOT_SIZE]
-            words, wide, magics = array("i"), array("q"), array("I")
-            words.frombytes(part)
-            if swap:
-                words.byteswap()
-            nums = words[6::8]
-            if not nums.tobytes().strip(b"\0"):
-                continue
-            wide.frombytes(part)
-            if swap:
-                wide.byteswap()
-            magics.frombytes(words[7::8].tobytes())
-            yield wide[0::4], wide[1::4], wide[2::4], nums, magics
 
     def counts(self, start: int, end: int) -> Iterator[tuple[int, int]]:
         """(slot_time, num) for every non-empty slot in [start, end) that belongs to this lap."""
